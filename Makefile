@@ -1,0 +1,36 @@
+# artisan: `make demo` and `make test` are all a fresh machine needs.
+PY := .venv/bin/python
+PIP := .venv/bin/pip
+STAMP := .venv/.installed
+PORT ?= 8765
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+
+.PHONY: install demo test bench model clean
+
+install: $(STAMP)
+
+# torch first, pinned to the CPU wheel this machine keeps on disk: the project's own `torch>=2.4`
+# is then already satisfied, so nothing pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[server,dev]'
+	touch $(STAMP)
+
+demo: install
+	$(PY) -m examples.demo.run_demo --port $(PORT) --out out/demo
+
+test: install
+	$(PY) -m pytest -q -ra
+
+bench: install
+	$(PY) bench/serve.py
+	$(PY) bench/train_step.py
+
+# Rebuild the embedded model from scratch (tokenizer + weights), then warm-start it.
+model: install
+	$(PY) -m server.embedded.build --out server/embedded/model
+
+clean:
+	rm -rf .venv out artisan-data

@@ -1,0 +1,1 @@
+from examples.demo.task import make_example  # noqa: F401

@@ -1,0 +1,88 @@
+"""The environment interface for multi-turn tool use.
+
+Three small types carry the design:
+- `Task`: one thing to do, with whatever the environment needs to set it up and score it.
+- `Environment`: one episode of one task. A fresh instance per rollout, so rollouts of a group
+  never share mutable state (a database one rollout cancels an order in must not leak into the next).
+- `Example`: a named task family: train and held-out tasks, how to build an Environment, and
+  the sampling settings its rollouts should use.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+Message = dict[str, Any]
+
+
+class Task(BaseModel):
+    id: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Score(BaseModel):
+    reward: float
+    metrics: dict[str, float | int | bool | None] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+
+
+class ToolError(Exception):
+    """A tool rejected its call (bad arguments, unknown id). The model sees the message as the
+    tool's result; this is the agent's mistake, not an infrastructure failure."""
+
+
+class Environment(abc.ABC):
+    """One episode. Subclasses set `tools` (OpenAI tool schemas) and implement the methods."""
+
+    tools: list[dict[str, Any]] = []
+
+    @abc.abstractmethod
+    def initial_messages(self) -> list[Message]:
+        """System prompt and the user's opening message."""
+
+    @abc.abstractmethod
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        """Run one tool call. Return a string or anything JSON-serialisable; raise ToolError for
+        a call the tool rejects. Any other exception is an infrastructure failure."""
+
+    async def user_reply(self, messages: list[Message]) -> str | None:
+        """The simulated user's next message after an assistant answer, or None when the
+        conversation is over. The default has no simulated user: the first answer ends it."""
+        return None
+
+    @abc.abstractmethod
+    async def score(self, messages: list[Message]) -> Score:
+        """Reward for the finished episode, with its breakdown in metrics."""
+
+
+@dataclass
+class RolloutSettings:
+    """Sampling settings an example recommends for its rollouts."""
+
+    max_turns: int = 8
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_context_tokens: int | None = None  # None: no client-side limit
+
+
+@dataclass
+class Example(abc.ABC):
+    """A task family usable by `python -m client.train --example NAME`."""
+
+    name: str = "example"
+    settings: RolloutSettings = field(default_factory=RolloutSettings)
+
+    @abc.abstractmethod
+    def train_tasks(self, seed: int) -> list[Task]: ...
+
+    @abc.abstractmethod
+    def eval_tasks(self) -> list[Task]: ...
+
+    @abc.abstractmethod
+    def make_env(self, task: Task) -> Environment: ...

@@ -1,0 +1,121 @@
+"""A batch KV cache that sequences join and leave between decode steps.
+
+Rows are right-aligned: every row's tokens end at the same column, so one decode step appends
+one column for all rows. A row's valid region is its last `lengths[r]` columns; the rest is
+zero padding masked out by the attention mask. Buffers are preallocated along time and written
+in place (transformers' DynamicCache concatenates, copying the whole cache every step); copies
+happen only when rows join or leave.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class SlabLayer(DynamicLayer):
+    """One layer's K/V in a preallocated [B, H, capacity, D] buffer; `update` writes in place."""
+
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, length: int):
+        super().__init__()
+        self.kbuf, self.vbuf, self.length = kbuf, vbuf, length
+        self.dtype, self.device = kbuf.dtype, kbuf.device
+        self.is_initialized = True
+        self.keys, self.values = kbuf[:, :, :length], vbuf[:, :, :length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        q = key_states.shape[-2]
+        end = self.length + q
+        self.kbuf[:, :, self.length:end] = key_states
+        self.vbuf[:, :, self.length:end] = value_states
+        self.length = end
+        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+class BatchKV:
+    """K/V for all running rows plus each row's valid length."""
+
+    def __init__(self, kbufs: list[torch.Tensor], vbufs: list[torch.Tensor], width: int, lengths: list[int]):
+        self.kbufs, self.vbufs = kbufs, vbufs
+        self.width = width  # columns in use (== max over rows of padding + length)
+        self.lengths = lengths
+
+    @classmethod
+    def empty(cls, n_layers: int, rows: int, heads: int, head_dim: int, capacity: int, dtype, device) -> "BatchKV":
+        shape = (rows, heads, capacity, head_dim)
+        return cls(
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+            0,
+            [0] * rows,
+        )
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def capacity(self) -> int:
+        return self.kbufs[0].shape[2] if self.kbufs else 0
+
+    def cache(self) -> Cache:
+        """A transformers Cache view over the buffers; forward passes write through it."""
+        return Cache(layers=[SlabLayer(k, v, self.width) for k, v in zip(self.kbufs, self.vbufs)])
+
+    def advance(self, columns: int) -> None:
+        """Record that a forward pass appended `columns` to every row."""
+        self.width += columns
+        self.lengths = [n + columns for n in self.lengths]
+
+    def ensure_capacity(self, extra: int) -> None:
+        need = self.width + extra
+        if need <= self.capacity:
+            return
+        new_cap = max(need, 2 * self.capacity, 64)
+        self.kbufs = [_regrow(b, new_cap, 0, self.width) for b in self.kbufs]
+        self.vbufs = [_regrow(b, new_cap, 0, self.width) for b in self.vbufs]
+
+    def attention_mask(self, extra: int = 0) -> torch.Tensor:
+        """[rows, width + extra] with 1 on each row's valid columns (and the `extra` new ones)."""
+        total = self.width + extra
+        cols = torch.arange(total, device=self.kbufs[0].device)
+        starts = torch.tensor([self.width - n for n in self.lengths], device=cols.device)
+        return (cols[None, :] >= starts[:, None]).long()
+
+    def extend(self, other: "BatchKV") -> None:
+        """Append `other`'s rows, right-aligning both to the wider of the two."""
+        width = max(self.width, other.width)
+        cap = max(width + 64, self.capacity, other.capacity)
+        self.kbufs = [_stack(a, self.width, b, other.width, width, cap) for a, b in zip(self.kbufs, other.kbufs)]
+        self.vbufs = [_stack(a, self.width, b, other.width, width, cap) for a, b in zip(self.vbufs, other.vbufs)]
+        self.width = width
+        self.lengths = self.lengths + other.lengths
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only `rows` (in that order) and drop columns that are padding for all of them."""
+        lengths = [self.lengths[r] for r in rows]
+        new_width = max(lengths, default=0)
+        start = self.width - new_width
+        index = torch.tensor(rows, dtype=torch.long, device=self.kbufs[0].device)
+        cap = max(new_width + 64, 64)
+        self.kbufs = [_regrow(b.index_select(0, index), cap, start, self.width) for b in self.kbufs]
+        self.vbufs = [_regrow(b.index_select(0, index), cap, start, self.width) for b in self.vbufs]
+        self.width, self.lengths = new_width, lengths
+
+
+def _regrow(buf: torch.Tensor, capacity: int, start: int, end: int) -> torch.Tensor:
+    """Copy columns [start, end) of `buf` to the front of a new buffer of `capacity` columns."""
+    out = buf.new_zeros(buf.shape[0], buf.shape[1], capacity, buf.shape[3])
+    out[:, :, : end - start] = buf[:, :, start:end]
+    return out
+
+
+def _stack(a: torch.Tensor, wa: int, b: torch.Tensor, wb: int, width: int, cap: int) -> torch.Tensor:
+    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], cap, a.shape[3])
+    out[: a.shape[0], :, width - wa:width] = a[:, :, :wa]
+    out[a.shape[0]:, :, width - wb:width] = b[:, :, :wb]
+    return out
