@@ -171,3 +171,22 @@ class TrainResult(BaseModel):
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
     job_id: str | None = None
+
+
+class SFTConfig(BaseModel):
+    """Supervised fine-tuning on demonstrations: loss on assistant tokens only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float | None = Field(default=None, gt=0)
+    epochs: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=16, ge=1)  # conversations per optimizer step
+    max_tokens_per_microbatch: int = Field(default=4096, ge=16)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+
+
+class Conversation(BaseModel):
+    """A demonstration for SFT: every assistant message is a target."""
+
+    messages: list[Message] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None

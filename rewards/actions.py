@@ -77,6 +77,8 @@ def extract_actions(messages: Iterable[Any]) -> list[Action]:
     actions: list[Action] = []
     for message in messages:
         message = _as_dict(getattr(message, "message", message))
+        if "message" in message and "finish_reason" in message:  # a Choice serialised as a dict
+            message = _as_dict(message["message"])
         if message.get("role") != "assistant":
             continue
         for call in message.get("tool_calls") or []:

@@ -10,29 +10,24 @@ import json
 from typing import Any
 
 
-def canonical(value: Any, *, sort_lists: bool) -> Any:
-    """A plain-JSON copy of `value` with sorted keys and integral floats as ints.
-
-    `sort_lists=True` makes lists order-insensitive (sorted by their items' canonical JSON): right
-    for database tables, wrong for tool arguments whose lists pair up by position.
-    """
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else value
-    if isinstance(value, int):
-        return value
-    if isinstance(value, dict):
-        return {str(k): canonical(v, sort_lists=sort_lists) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        items = [canonical(v, sort_lists=sort_lists) for v in value]
-        return sorted(items, key=_dumps) if sort_lists else items
-    raise TypeError(f"not a JSON-like value: {type(value).__name__}")
+_encode = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def canonical_json(value: Any, *, sort_lists: bool) -> str:
-    return _dumps(canonical(value, sort_lists=sort_lists))
+    """Compact JSON with sorted keys and integral floats written as ints.
 
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    `sort_lists=True` makes lists order-insensitive (items sorted by their canonical JSON): right
+    for database tables, wrong for tool arguments whose lists pair up by position.
+    """
+    # Built bottom-up as strings so each node is encoded once, sorting lists included.
+    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+        return _encode(value)
+    if isinstance(value, float):
+        return _encode(int(value) if value.is_integer() else value)
+    if isinstance(value, dict):
+        fields = sorted((str(k), canonical_json(v, sort_lists=sort_lists)) for k, v in value.items())
+        return "{" + ",".join(f"{_encode(k)}:{v}" for k, v in fields) + "}"
+    if isinstance(value, (list, tuple)):
+        items = [canonical_json(v, sort_lists=sort_lists) for v in value]
+        return "[" + ",".join(sorted(items) if sort_lists else items) + "]"
+    raise TypeError(f"not a JSON-like value: {type(value).__name__}")

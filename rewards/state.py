@@ -59,10 +59,12 @@ def compare_states(
         base = baseline.get(table, _ABSENT) if baseline is not None else _ABSENT
         m, t = _compare_table(str(table), got, want, base, diff)
         matched, total = matched + m, total + t
+    # Every inequality writes at least one diff line, so no lines means equal states.
+    match = not diff
     if len(diff) > max_diff_lines:
         diff = diff[:max_diff_lines] + [f"... and {len(diff) - max_diff_lines} more differences"]
     return StateComparison(
-        match=_key(actual) == _key(expected),
+        match=match,
         diff=diff,
         records_matched=matched,
         records_total=total,
@@ -91,9 +93,9 @@ def _compare_table(name: str, got: Any, want: Any, base: Any, diff: list[str]) -
     if isinstance(got, list) and isinstance(want, list):
         got_rows, want_rows = Counter(map(_key, got)), Counter(map(_key, want))
         for row in sorted((want_rows - got_rows).elements()):
-            diff.append(f"{name}[]: missing record {_short_json(row)}")
+            diff.append(f"{name}[]: missing record {_truncate(row)}")
         for row in sorted((got_rows - want_rows).elements()):
-            diff.append(f"{name}[]: unexpected record {_short_json(row)}")
+            diff.append(f"{name}[]: unexpected record {_truncate(row)}")
         untouched = got_rows & want_rows & Counter(map(_key, base)) if isinstance(base, list) else Counter()
         both, either = got_rows & want_rows, got_rows | want_rows
         return sum(both.values()) - sum(untouched.values()), sum(either.values()) - sum(untouched.values())
@@ -126,10 +128,9 @@ def _key(value: Any) -> str:
     return canonical_json(value, sort_lists=True)
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _short(value: Any) -> str:
+    return _truncate(repr(value))
 
 
-def _short_json(text: str, limit: int = 80) -> str:
+def _truncate(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -12,9 +12,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
-from server.api import errors, openai_routes
+from server.api import errors, openai_routes, training_routes
 from server.engine.scheduler import Engine
-from server.model_host import ModelHost
+from server.model_host import ModelHost, Policy
+from server.store import Store
+from server.training.jobs import JobManager
+from server.training.runs import RunManager
 
 log = logging.getLogger("artisan")
 DEFAULT_MODEL_DIR = Path(__file__).parent / "embedded" / "model"
@@ -53,20 +56,33 @@ class ServerState:
     settings: Settings
     host: ModelHost
     engine: Engine
+    runs: RunManager
+    store: Store
+    jobs: JobManager
     extras: dict[str, Any] = field(default_factory=dict)
+
+    def resolve(self, model: str) -> Policy | None:
+        return self.runs.resolve(model)
 
 
 def create_app(settings: Settings) -> FastAPI:
     host = ModelHost(settings.model, device=settings.device, dtype=settings.dtype)
     engine = Engine(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting)
-    state = ServerState(settings, host, engine)
+    data_dir = Path(settings.data_dir)
+    store = Store(data_dir / "artisan.sqlite")
+    runs = RunManager(host, data_dir)
+    jobs = JobManager(host, runs, store)
+    state = ServerState(settings, host, engine, runs, store, jobs)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        runs.resume_all()
+        jobs.start()
         engine.start()
         log.info("serving %s (%.1fM parameters) on %s", host.name, host.n_params / 1e6, host.device)
         yield
         engine.stop()
+        jobs.stop()
 
     app = FastAPI(title="art-server", lifespan=lifespan)
     app.state.settings = settings
@@ -86,4 +102,5 @@ def create_app(settings: Settings) -> FastAPI:
         return {"status": "ok", "model": host.name, **engine.load}
 
     app.include_router(openai_routes.router)
+    app.include_router(training_routes.router)
     return app

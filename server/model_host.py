@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -100,6 +100,7 @@ class ModelHost:
         self.fingerprint = self._fingerprint()
         self.policies: dict[str, Policy] = {}  # served names -> policy (runs register theirs)
         self.n_params = sum(p.numel() for p in model.parameters())
+        self.adapters_in_use: Callable[[], set[str]] = set  # the engine installs its own probe
 
     def _fingerprint(self) -> str:
         """Identifies base weights + tokenizer, so a choice sampled from another model is refused."""

@@ -170,6 +170,8 @@ def test_exact_and_unordered_match():
     # Argument key order and int/float spelling do not matter.
     respelled = {"name": "cancel", "arguments": {"reason": "mistake", "order_id": "O1"}}
     assert actions_match([respelled], [CANCEL])
+    assert actions_match([{"name": "pay", "arguments": {"amount": 5}}], [{"name": "pay", "arguments": {"amount": 5.0}}])
+    assert not actions_match([{"name": "pay", "arguments": {"amount": 5}}], [{"name": "refund", "arguments": {"amount": 5}}])
 
 
 def test_list_arguments_keep_their_order():
@@ -227,6 +229,8 @@ def test_extract_actions_from_openai_messages():
     assert actions[0] == Action(**CANCEL)
     assert actions[2].arguments is None and actions[2].raw_arguments == "{not json"
     assert actions[3].arguments == {}
+    # A Choice that travelled over HTTP as a dict reads the same.
+    assert extract_actions([choice.model_dump()]) == extract_actions([choice]) == [Action(**RETURN)]
 
 
 def test_unparsable_arguments_never_match():

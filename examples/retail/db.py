@@ -7,9 +7,9 @@ compare them and a tool result is already JSON.
 
 from __future__ import annotations
 
-import copy
 import functools
 import itertools
+import json
 import random
 from typing import Any
 
@@ -38,7 +38,8 @@ NUM_USERS = 30
 
 def fresh_db(seed: int = DEFAULT_SEED) -> Db:
     """A private copy for one episode: tools mutate it in place."""
-    return copy.deepcopy(_generate(seed))
+    # A JSON round trip copies plain data several times faster than copy.deepcopy.
+    return json.loads(_generate_json(seed))
 
 
 def order_total(order: dict[str, Any]) -> float:
@@ -50,6 +51,10 @@ def format_options(options: dict[str, str]) -> str:
 
 
 @functools.lru_cache(maxsize=4)
+def _generate_json(seed: int) -> str:
+    return json.dumps(_generate(seed))
+
+
 def _generate(seed: int) -> Db:
     rng = random.Random(seed)
     taken: set[str] = set()

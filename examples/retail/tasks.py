@@ -7,6 +7,7 @@ order id), so a held-out task never asks about an order seen in training.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from typing import Any, Literal
@@ -76,6 +77,12 @@ def eval_tasks(*, db_seed: int = DEFAULT_SEED, n: int | None = None) -> list[Tas
 
 
 def all_tasks(db_seed: int = DEFAULT_SEED) -> list[RetailTask]:
+    """Every task the database supports, in a fixed order."""
+    return [t.model_copy(deep=True) for t in _all_tasks(db_seed)]
+
+
+@functools.lru_cache(maxsize=4)
+def _all_tasks(db_seed: int) -> tuple[RetailTask, ...]:
     db = fresh_db(db_seed)
     tasks: list[RetailTask] = []
     for order_id, order in db["orders"].items():
@@ -89,7 +96,7 @@ def all_tasks(db_seed: int = DEFAULT_SEED) -> list[RetailTask]:
             specs.extend(_return_specs(order, rng))
         for i, spec in enumerate(specs):
             tasks.append(_build(db_seed, user, order_id, f"retail-{spec['kind']}-{order_id.lstrip('#')}-{i}", spec))
-    return tasks
+    return tuple(tasks)
 
 
 def _build(db_seed: int, user: dict[str, Any], order_id: str, task_id: str, spec: dict[str, Any]) -> RetailTask:

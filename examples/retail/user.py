@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Protocol
 
+from client.types import is_choice_dict
 from examples.retail.db import CANCEL_REASONS
 from examples.retail.tasks import RetailTask
 from rollouts.env import Message
@@ -25,7 +26,7 @@ class SimulatedUser(Protocol):
 
 def as_message(item: Any) -> Message:
     """A message dict from a dict, a pydantic message, or a Choice (its `.message`)."""
-    item = getattr(item, "message", item)
+    item = item["message"] if is_choice_dict(item) else getattr(item, "message", item)
     if hasattr(item, "model_dump"):
         return item.model_dump(exclude_none=True)
     return dict(item)
@@ -72,7 +73,6 @@ class ScriptedUser:
         if _any(text, _CONFIRM_CUES):
             return "Yes, please go ahead."
         return f"Sorry, let me repeat: {task.request}"
-
 
     def _reason_unsettled(self, text: str) -> bool:
         # A confirmation names one reason; a question names none or offers both. A confirmation

@@ -120,7 +120,7 @@ def build_choice(host: ModelHost, seq: Sequence, policy: Policy, params: Samplin
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state.artisan
     host: ModelHost = state.host
-    policy = host.resolve(body.model)
+    policy = state.resolve(body.model)
     if policy is None:
         raise APIError(404, f"model {body.model!r} does not exist; served: {', '.join(host.served_names())}",
                        param="model", code="model_not_found")

@@ -68,6 +68,7 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="artisan-engine", daemon=True)
         self.steps = 0
         self.tokens_generated = 0
+        host.adapters_in_use = self._adapters_in_use
         cfg = host.config
         self._layers = cfg.num_hidden_layers
         self._kv_heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
@@ -98,6 +99,11 @@ class Engine:
             req.sequences = [Sequence(req, i, g) for i, g in enumerate(gens)]
             self._waiting.append(req)
             self._cv.notify_all()
+
+    def _adapters_in_use(self) -> set[str]:
+        with self._cv:
+            reqs = [s.request for s in self._rows] + list(self._waiting)
+        return {r.policy.adapter for r in reqs if r.policy.adapter}
 
     @property
     def load(self) -> dict[str, int]:

@@ -1,0 +1,16 @@
+"""What a user imports: the data model, TrainableModel, and gather. Never imports torch."""
+
+from client.model import ServerError, TrainableModel
+from client.types import (
+    Conversation,
+    SFTConfig,
+    TrainConfig,
+    TrainResult,
+    Trajectory,
+    TrajectoryGroup,
+)
+
+__all__ = [
+    "Conversation", "SFTConfig", "ServerError", "TrainConfig", "TrainResult", "TrainableModel", "Trajectory",
+    "TrajectoryGroup",
+]

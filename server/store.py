@@ -1,0 +1,148 @@
+"""The run store: SQLite (WAL) in the data directory.
+
+Runs, steps with their metrics and warnings, jobs and their events, and every trajectory trained
+or logged with token ids and logprobs. One connection guarded by a lock; writes are small
+transactions, so a crash loses at most the step in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+MIGRATIONS: list[str] = [
+    # 1: the first schema
+    """
+    CREATE TABLE runs (name TEXT PRIMARY KEY, project TEXT, spec TEXT, created REAL);
+    CREATE TABLE steps (run TEXT, step INTEGER, kind TEXT, metrics TEXT, warnings TEXT, created REAL,
+                        PRIMARY KEY (run, step));
+    CREATE TABLE jobs (id TEXT PRIMARY KEY, run TEXT, kind TEXT, idempotency_key TEXT, status TEXT,
+                       result TEXT, error TEXT, created REAL, updated REAL);
+    CREATE UNIQUE INDEX jobs_key ON jobs (run, idempotency_key);
+    CREATE TABLE job_events (job_id TEXT, seq INTEGER, type TEXT, data TEXT, created REAL,
+                             PRIMARY KEY (job_id, seq));
+    CREATE TABLE trajectories (id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT, step INTEGER, split TEXT,
+                               group_index INTEGER, traj_index INTEGER, reward REAL, data TEXT, created REAL);
+    CREATE INDEX traj_run_step ON trajectories (run, step, split);
+    """,
+]
+
+
+class Store:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._lock = threading.Lock()
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self._lock:
+            self._db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
+            row = self._db.execute("SELECT version FROM schema_version").fetchone()
+            version = row[0] if row else 0
+            for i, sql in enumerate(MIGRATIONS[version:], start=version + 1):
+                self._db.execute("BEGIN")
+                for statement in (s for s in sql.split(";") if s.strip()):
+                    self._db.execute(statement)
+                self._db.execute("DELETE FROM schema_version")
+                self._db.execute("INSERT INTO schema_version VALUES (?)", (i,))
+                self._db.execute("COMMIT")
+
+    def _write(self, statements: Iterable[tuple[str, tuple]]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                for sql, args in statements:
+                    self._db.execute(sql, args)
+                self._db.execute("COMMIT")
+            except Exception:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _rows(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            cur = self._db.execute(sql, args)
+            cols = [c[0] for c in cur.description]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    # ---- runs and steps --------------------------------------------------------------------
+    def put_run(self, name: str, project: str, spec: dict[str, Any]) -> None:
+        self._write([("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?)", (name, project, json.dumps(spec), time.time()))])
+
+    def runs(self) -> list[dict[str, Any]]:
+        return self._rows("SELECT name, project, spec, created FROM runs ORDER BY created")
+
+    def put_step(self, run: str, step: int, kind: str, metrics: dict[str, Any], warnings: list[str],
+                 trajectories: list[tuple[int, int, float, dict[str, Any]]], split: str = "train") -> None:
+        """A step's metrics and its trajectories in one transaction."""
+        now = time.time()
+        stmts = [("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?)",
+                  (run, step, kind, json.dumps(metrics), json.dumps(warnings), now)),
+                 ("DELETE FROM trajectories WHERE run = ? AND step = ? AND split = ?", (run, step, split))]
+        stmts += [("INSERT INTO trajectories (run, step, split, group_index, traj_index, reward, data, created) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run, step, split, g, t, r, json.dumps(d), now))
+                  for g, t, r, d in trajectories]
+        self._write(stmts)
+
+    def put_trajectories(self, run: str, step: int, split: str,
+                         trajectories: list[tuple[int, int, float, dict[str, Any]]]) -> None:
+        now = time.time()
+        self._write([("INSERT INTO trajectories (run, step, split, group_index, traj_index, reward, data, created) "
+                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run, step, split, g, t, r, json.dumps(d), now))
+                     for g, t, r, d in trajectories])
+
+    def steps(self, run: str) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT step, kind, metrics, warnings, created FROM steps WHERE run = ? ORDER BY step", (run,))
+        for r in rows:
+            r["metrics"], r["warnings"] = json.loads(r["metrics"]), json.loads(r["warnings"])
+        return rows
+
+    def trajectories(self, run: str, step: int | None = None, split: str | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT id, step, split, group_index, traj_index, reward, data FROM trajectories WHERE run = ?", [run]
+        if step is not None:
+            sql, args = sql + " AND step = ?", args + [step]
+        if split is not None:
+            sql, args = sql + " AND split = ?", args + [split]
+        rows = self._rows(sql + " ORDER BY step, group_index, traj_index", tuple(args))
+        for r in rows:
+            r["data"] = json.loads(r["data"])
+        return rows
+
+    # ---- jobs ------------------------------------------------------------------------------
+    def put_job(self, job: dict[str, Any]) -> None:
+        self._write([("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (job["id"], job["run"], job["kind"], job["idempotency_key"], job["status"],
+                       json.dumps(job.get("result")), job.get("error"), job.get("created", time.time()), time.time()))])
+
+    def job_by_key(self, run: str, key: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM jobs WHERE run = ? AND idempotency_key = ?", (run, key))
+        return _job(rows[0]) if rows else None
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        return _job(rows[0]) if rows else None
+
+    def jobs(self, status: str | None = None) -> list[dict[str, Any]]:
+        if status is None:
+            return [_job(r) for r in self._rows("SELECT * FROM jobs ORDER BY created")]
+        return [_job(r) for r in self._rows("SELECT * FROM jobs WHERE status = ? ORDER BY created", (status,))]
+
+    def put_event(self, job_id: str, seq: int, type_: str, data: dict[str, Any]) -> None:
+        self._write([("INSERT OR REPLACE INTO job_events VALUES (?, ?, ?, ?, ?)",
+                      (job_id, seq, type_, json.dumps(data), time.time()))])
+
+    def events(self, job_id: str, after: int = -1) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT seq, type, data FROM job_events WHERE job_id = ? AND seq > ? ORDER BY seq", (job_id, after))
+        return [{"seq": r["seq"], "type": r["type"], "data": json.loads(r["data"])} for r in rows]
+
+
+def _job(row: dict[str, Any]) -> dict[str, Any]:
+    row["result"] = json.loads(row["result"]) if row.get("result") else None
+    return row
