@@ -1,5 +1,6 @@
 """What a user imports: the data model, TrainableModel, and gather. Never imports torch."""
 
+from client.gather import TooManyExceptions, gather_trajectory_groups
 from client.model import ServerError, TrainableModel
 from client.types import (
     Conversation,
@@ -12,5 +13,5 @@ from client.types import (
 
 __all__ = [
     "Conversation", "SFTConfig", "ServerError", "TrainConfig", "TrainResult", "TrainableModel", "Trajectory",
-    "TrajectoryGroup",
+    "TrajectoryGroup", "TooManyExceptions", "gather_trajectory_groups",
 ]

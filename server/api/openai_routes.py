@@ -67,18 +67,47 @@ def _sampling_params(host: ModelHost, body: ChatCompletionRequest, prompt_len: i
                           seed=body.seed, top_logprobs=body.top_logprobs or 0, ignore_eos=body.ignore_eos)
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet (one printable character per byte), inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_level_alphabet()
+
+
+def _token_bytes(host: ModelHost, token_id: int, text: str) -> list[int]:
+    """A token's own bytes. A byte-level token may hold part of a UTF-8 character, which its text
+    shows as U+FFFD; OpenAI's `bytes` exist so a client can join such tokens back into one."""
+    tok = host.tokenizer
+    backend = getattr(tok, "backend_tokenizer", None)
+    if (backend is not None and type(backend.decoder).__name__ == "ByteLevel"
+            and token_id not in tok.added_tokens_decoder):
+        piece = tok.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str) and all(c in _BYTE_OF for c in piece):
+            return [_BYTE_OF[c] for c in piece]
+    return list(text.encode("utf-8"))
+
+
 def _token_entry(host: ModelHost, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
     text = host.tokenizer.decode([token_id])
-    entry = {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    entry = {"token": text, "logprob": logprob, "bytes": _token_bytes(host, token_id, text)}
     entry["top_logprobs"] = [
-        {"token": (t := host.tokenizer.decode([i])), "logprob": lp, "bytes": list(t.encode("utf-8"))}
+        {"token": (t := host.tokenizer.decode([i])), "logprob": lp, "bytes": _token_bytes(host, i, t)}
         for i, lp in (top or [])
     ]
     return entry
 
 
 def _output_text(host: ModelHost, seq: Sequence) -> str:
-    text = host.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+    text = host.renderer.output_text(seq.token_ids)
     return text[: seq.stop_text_end] if seq.stop_text_end is not None else text
 
 
@@ -205,17 +234,26 @@ async def _stream(host: ModelHost, gen: GenRequest, events: asyncio.Queue, reque
                                       "param": None, "code": None}})
                 return
             i = seq.index
-            new_ids = seq.token_ids[sent_tokens[i]:]
-            new_lps = seq.logprobs[sent_tokens[i]:]
-            tops = seq.top_logprobs[sent_tokens[i]:] if seq.top_logprobs else [None] * len(new_ids)
+            if kind == "token" and seq.finish_reason is not None:
+                continue  # its "finished" event follows and carries these tokens
+            # The engine thread may be appending to `seq` as we read it (token ids first, then
+            # logprobs, then top logprobs): send only the tokens whose every list is complete.
+            end = len(seq.top_logprobs) if params.top_logprobs else len(seq.logprobs)
+            new_ids = seq.token_ids[sent_tokens[i]:end]
+            new_lps = seq.logprobs[sent_tokens[i]:end]
+            tops = seq.top_logprobs[sent_tokens[i]:end] if params.top_logprobs else [None] * len(new_ids)
             extra = {"token_ids": new_ids,
                      "logprobs": {"content": [_token_entry(host, t, lp, tp) for t, lp, tp in zip(new_ids, new_lps, tops)]}}
-            sent_tokens[i] = len(seq.token_ids)
-            if kind == "token" and seq.finish_reason is None:
-                text = _output_text(host, seq)
+            sent_tokens[i] = end
+            if kind == "token":
+                text = host.renderer.output_text(seq.token_ids[:end])
                 if tools_enabled and "<tool_call>" in text:
                     in_tool_call[i] = True
                 safe = len(text) if in_tool_call[i] else len(text) - max(held_back_suffix(text) if tools_enabled else 0, hold)
+                if tools_enabled:  # parsed content drops trailing whitespace before a tool call
+                    safe = min(safe, len(text.rstrip()))
+                if body.stop:  # the stop may be in `text` before the engine marked the row finished
+                    safe = min([safe] + [text.find(s) for s in body.stop if s in text])
                 if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
                     safe = min(safe, len(text) - 1)
                 if not in_tool_call[i] and safe > len(sent_text[i]):

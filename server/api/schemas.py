@@ -59,7 +59,7 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = Field(default=None, validate_default=True)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # OpenAI's int64
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream: bool = False

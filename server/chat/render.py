@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
+from server.chat.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+
 DEFAULT_SYSTEM = "You are a helpful assistant."
 TOOLS_PREAMBLE = (
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -91,6 +93,11 @@ def canonical_arguments(arguments: Any) -> str:
     return json.dumps(arguments, ensure_ascii=False)
 
 
+def _rendered_arguments(arguments: Any) -> str:
+    """As CHAT_TEMPLATE (and Qwen2.5's) renders them: a string verbatim, anything else as JSON."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
 def assistant_turn_key(message: dict[str, Any]) -> str:
     """Identity of an assistant turn by what a client echoes back: its text and tool calls."""
     calls = []
@@ -126,6 +133,7 @@ def validate_messages(messages: Sequence[dict[str, Any]]) -> None:
     if not messages:
         raise RenderError("messages must not be empty")
     pending_tool_ids: set[str] = set()
+    awaiting_results = False  # the previous turn was an assistant tool call or one of its results
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise RenderError(f"messages[{i}] must be an object")
@@ -136,8 +144,7 @@ def validate_messages(messages: Sequence[dict[str, Any]]) -> None:
         if role in ("system", "developer") and i != 0:
             raise RenderError(f"messages[{i}]: a system message may only come first")
         if role == "tool":
-            prev = messages[i - 1].get("role") if i else None
-            if prev not in ("assistant", "tool"):
+            if not awaiting_results:
                 raise RenderError(f"messages[{i}]: a tool message must follow an assistant message with tool_calls")
             call_id = m.get("tool_call_id")
             if pending_tool_ids and call_id not in pending_tool_ids:
@@ -149,6 +156,7 @@ def validate_messages(messages: Sequence[dict[str, Any]]) -> None:
             if not isinstance(calls, list):
                 raise RenderError(f"messages[{i}].tool_calls must be a list")
             pending_tool_ids = set()
+            awaiting_results = bool(calls)
             for j, call in enumerate(calls):
                 fn = call.get("function") if isinstance(call, dict) else None
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -157,6 +165,7 @@ def validate_messages(messages: Sequence[dict[str, Any]]) -> None:
                     pending_tool_ids.add(call["id"])
         else:
             pending_tool_ids = set()
+            awaiting_results = False
     if messages[-1].get("role") == "assistant" and messages[-1].get("tool_calls"):
         raise RenderError("the last message is an assistant tool call: its tool results must follow")
 
@@ -192,13 +201,17 @@ def _pieces(messages, tools, add_generation_prompt, lookup: TurnLookup, im_end_i
                     out.append(IM_END)  # a turn cut by max_tokens is closed the same way every time
                 out.append("\n")
                 continue
-            text = "<|im_start|>assistant"
+            calls = m.get("tool_calls") or []
             content = _content_text(m, i)
+            if not calls:  # as CHAT_TEMPLATE: a plain turn keeps its newline even when empty
+                out.append(f"<|im_start|>assistant\n{content}<|im_end|>\n")
+                continue
+            text = "<|im_start|>assistant"
             if content:
                 text += "\n" + content
-            for call in m.get("tool_calls") or []:
+            for call in calls:
                 fn = call["function"]
-                text += f'\n<tool_call>\n{{"name": "{fn["name"]}", "arguments": {canonical_arguments(fn.get("arguments", {}))}}}\n</tool_call>'
+                text += f'\n<tool_call>\n{{"name": "{fn["name"]}", "arguments": {_rendered_arguments(fn.get("arguments", {}))}}}\n</tool_call>'
             out.append(text + "<|im_end|>\n")
         elif role == "tool":
             text = "<|im_start|>user" if i == 0 or messages[i - 1]["role"] != "tool" else ""
@@ -220,6 +233,24 @@ class Renderer:
         if self.im_end_id is None or self.im_end_id == tokenizer.unk_token_id:
             raise ValueError("the tokenizer has no <|im_end|> token: only ChatML models are supported")
         self.im_start_id = tokenizer.convert_tokens_to_ids("<|im_start|>")
+        # Tool-call tags may be registered as special tokens (they are in the embedded tokenizer);
+        # decoding with skip_special_tokens would then erase every tool call from the output.
+        self.kept_tag_ids = {i: t for t in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+                             if isinstance(i := tokenizer.convert_tokens_to_ids(t), int)
+                             and i != tokenizer.unk_token_id and tokenizer.convert_ids_to_tokens(i) == t}
+
+    def output_text(self, ids: Sequence[int]) -> str:
+        """Sampled ids as the text a client sees: control tokens dropped, tool-call tags kept."""
+        if not self.kept_tag_ids.keys() & set(ids):
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        text, run = "", []
+        for i in ids:
+            if i in self.kept_tag_ids:
+                text += self.tokenizer.decode(run, skip_special_tokens=True) + self.kept_tag_ids[i]
+                run = []
+            else:
+                run.append(i)
+        return text + self.tokenizer.decode(run, skip_special_tokens=True)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []

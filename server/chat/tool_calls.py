@@ -60,7 +60,8 @@ def parse_tool_calls(text: str, tools_enabled: bool = True) -> ParsedOutput:
     unclosed = text.count(TOOL_CALL_OPEN) != len(blocks)
     if not blocks or unclosed or any(c is None for c in calls):
         return ParsedOutput(content=text, tool_calls=[], malformed=True)
-    rest = _BLOCK.sub("", text).strip()
+    # Only trailing whitespace goes: a stream has already sent any leading whitespace as content.
+    rest = _BLOCK.sub("", text).rstrip()
     return ParsedOutput(content=rest or None, tool_calls=[c for c in calls if c], malformed=False)
 
 

@@ -1,11 +1,12 @@
-"""Build the embedded default model from nothing: a byte-level BPE tokenizer trained offline on
-synthetic chat text, and a small Qwen2-architecture model with seeded random weights.
+"""Build the embedded base model from nothing: a byte-level BPE tokenizer trained offline on
+synthetic chat text, a small Qwen2-architecture model with seeded random weights, and a short
+full-parameter pretraining on synthetic tool-use conversations (server/embedded/corpus.py).
 
-    python -m server.embedded.build --out server/embedded/model
+    python -m server.embedded.build --out DIR [--pretrain-steps N]
 
-Deterministic: the same code gives the same files. The shipped model is this one warm-started
-on the demo task (examples/demo/warmstart.py); the bench and tests build larger or smaller ones
-with `build_model`.
+Deterministic: the same code gives the same files. The shipped model is this base warm-started
+on the demo task by examples/demo/warmstart.py. Tests and benchmarks build their own models
+with `build_model(..., pretrain_steps=0)` in seconds.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from server.chat.render import CHAT_TEMPLATE, render_text
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Single tokens for the tool-call markup, as in Qwen2.5 (not special: they decode into text).
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-DEFAULT_DIR = Path(__file__).parent / "model"
 
 _FILLER = (
     "the a an is are was to of and in on for with you your we our it this that what how many much "
@@ -37,9 +37,13 @@ def corpus(n_conversations: int = 3000, seed: int = 0) -> list[str]:
     """Synthetic chat transcripts in the model's own format: the demo task, tool traffic in
     JSON, numbers and plain English filler, so common pieces become single tokens."""
     from examples.demo import task as demo
+    from server.embedded.corpus import conversation
 
     rng = random.Random(seed)
     texts: list[str] = []
+    for _ in range(n_conversations):
+        msgs, tools = conversation(rng)
+        texts.append(render_text(msgs, tools, add_generation_prompt=False))
     example = demo.make_example(n_train=n_conversations)
     for t in example.train_tasks(seed):
         msgs = demo.demonstration(t, mistake=rng.random() < 0.5, rng=rng)
@@ -77,8 +81,50 @@ def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
     return fast
 
 
+def pretrain(model, tokenizer, steps: int, batch_size: int = 16, lr: float = 2e-3, seed: int = 0) -> None:
+    """Full-parameter language modelling on synthetic tool-use chats (cosine schedule)."""
+    import math
+    import time
+
+    import torch
+
+    from server.chat.render import Renderer
+    from server.embedded.corpus import conversation
+
+    renderer = Renderer(tokenizer)
+    rng = random.Random(seed + 1)
+    params = [p for p in model.parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    warmup = max(1, steps // 20)
+    model.train()
+    started, recent = time.time(), []
+    for step in range(steps):
+        scale = (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+        for g in opt.param_groups:
+            g["lr"] = lr * scale
+        seqs = [renderer.render(*conversation(rng), add_generation_prompt=False) for _ in range(batch_size)]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((batch_size, width), tokenizer.pad_token_id)
+        labels = torch.full((batch_size, width), -100)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            labels[i, : len(s)] = torch.tensor(s)
+        loss = model(input_ids=ids, attention_mask=(labels != -100).long(), labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        recent.append(float(loss))
+        if (step + 1) % 50 == 0 or step + 1 == steps:
+            print(f"pretrain step {step + 1}/{steps}: loss {sum(recent) / len(recent):.3f} "
+                  f"({time.time() - started:.0f}s)", flush=True)
+            recent = []
+    model.eval()
+
+
 def build_model(out: Path, hidden: int = 256, layers: int = 4, heads: int = 4, kv_heads: int = 2,
-                intermediate: int = 704, vocab_size: int = 2048, context: int = 2048, seed: int = 0) -> Path:
+                intermediate: int = 704, vocab_size: int = 2048, context: int = 2048, seed: int = 0,
+                pretrain_steps: int = 0) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -96,14 +142,16 @@ def build_model(out: Path, hidden: int = 256, layers: int = 4, heads: int = 4, k
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
+    if pretrain_steps:
+        pretrain(model, tokenizer, pretrain_steps, seed=seed)
     model.save_pretrained(out)
     (out / "artisan.json").write_text(json.dumps({"name": "artisan-tiny", "built_by": "server.embedded.build"}))
     return out
 
 
-def main(out: Path = typer.Option(DEFAULT_DIR), hidden: int = 256, layers: int = 4, heads: int = 4,
-         kv_heads: int = 2, intermediate: int = 704, seed: int = 0) -> None:
-    path = build_model(out, hidden, layers, heads, kv_heads, intermediate, seed=seed)
+def main(out: Path = typer.Option(...), hidden: int = 256, layers: int = 4, heads: int = 4,
+         kv_heads: int = 2, intermediate: int = 704, seed: int = 0, pretrain_steps: int = 0) -> None:
+    path = build_model(out, hidden, layers, heads, kv_heads, intermediate, seed=seed, pretrain_steps=pretrain_steps)
     print(f"wrote {path}")
 
 

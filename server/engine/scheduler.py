@@ -94,7 +94,7 @@ class Engine:
                 g = None
                 if req.params.seed is not None:
                     g = torch.Generator(device=self.host.device)
-                    g.manual_seed(req.params.seed + i)
+                    g.manual_seed((req.params.seed + i) % 2**64)  # torch takes [0, 2**64)
                 gens.append(g)
             req.sequences = [Sequence(req, i, g) for i, g in enumerate(gens)]
             self._waiting.append(req)
@@ -214,7 +214,7 @@ class Engine:
                 s.request.emit("token", s)
 
     def _hit_stop(self, s: Sequence) -> bool:
-        text = self.host.tokenizer.decode(s.token_ids, skip_special_tokens=True)
+        text = self.host.renderer.output_text(s.token_ids)  # the text stop_text_end indexes
         hits = [text.find(stop) for stop in s.request.params.stop if stop and stop in text]
         if hits:
             s.stop_text_end = min(hits)

@@ -1,8 +1,9 @@
-"""Packing sequences into micro-batches with no padding.
+"""Micro-batches: sequences sorted by length, one per row, right-padded, up to a token budget.
 
-Each micro-batch is one row of concatenated sequences whose position ids restart at every
-sequence boundary; transformers then builds a block-diagonal causal mask, so sequences never
-attend to each other. Rows are filled first-fit-decreasing up to the token budget.
+Measured on the 2-core CPU (3.5M-parameter model, LoRA r64, ~300-token sequences): padded rows
+of 8 trained at 4.8k tokens/s, a single packed row of 4096 tokens at 1.0k (its block-diagonal
+mask makes attention cost grow with the row, not the sequence), one sequence at a time at 2.6k.
+Sorting by length first keeps padding small.
 """
 
 from __future__ import annotations
@@ -14,54 +15,51 @@ import torch
 from server.training.assemble import TrainSequence
 
 
-def pack(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices of sequences per row, first-fit decreasing. A sequence longer than the budget
-    gets a row of its own (it cannot be split without cutting its context)."""
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        for r, free in enumerate(room):
-            if lengths[i] <= free:
-                rows[r].append(i)
-                room[r] -= lengths[i]
-                break
+def plan(lengths: list[int], budget: int) -> list[list[int]]:
+    """Group sequence indices into micro-batches with rows * longest <= budget (a sequence
+    longer than the budget gets a micro-batch of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
+            batches[-1].append(i)
         else:
-            rows.append([i])
-            room.append(budget - lengths[i])
-    return rows
+            batches.append([i])
+    return batches
 
 
 @dataclass
 class Microbatch:
-    input_ids: torch.Tensor  # [1, L]
-    position_ids: torch.Tensor  # [1, L]
-    logit_positions: torch.Tensor  # [K] positions whose logits predict a loss token
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    rows: torch.Tensor  # [K] row of each loss token
+    logit_positions: torch.Tensor  # [K] position whose logits predict it
     targets: torch.Tensor  # [K]
     old_logprobs: torch.Tensor  # [K]
     temperatures: torch.Tensor  # [K]
     advantages: torch.Tensor  # [K]
     weights: torch.Tensor  # [K]
     seq_index: torch.Tensor  # [K] index of the token's sequence within the minibatch
-    n_tokens: int  # tokens in the row
+    n_tokens: int  # real (non-padding) tokens
+    n_padding: int
 
     @property
     def n_loss_tokens(self) -> int:
         return int(self.targets.numel())
 
 
-def make_microbatch(seqs: list[TrainSequence], seq_ids: list[int], device: torch.device) -> Microbatch:
-    ids: list[int] = []
-    pos: list[int] = []
-    logit_pos: list[int] = []
-    targets: list[int] = []
-    old, temps, adv, w, sidx = [], [], [], [], []
-    for seq, sid in zip(seqs, seq_ids):
-        offset = len(ids)
-        ids += seq.ids
-        pos += range(len(seq.ids))
+def make_microbatch(seqs: list[TrainSequence], seq_ids: list[int], device: torch.device, pad_id: int = 0) -> Microbatch:
+    width = max(len(s.ids) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    rows, pos, targets, old, temps, adv, w, sidx = [], [], [], [], [], [], [], []
+    for r, (seq, sid) in enumerate(zip(seqs, seq_ids)):
+        ids[r, : len(seq.ids)] = torch.tensor(seq.ids)
+        mask[r, : len(seq.ids)] = 1
         for t in range(1, len(seq.ids)):
             if seq.mask[t]:
-                logit_pos.append(offset + t - 1)
+                rows.append(r)
+                pos.append(t - 1)
                 targets.append(seq.ids[t])
                 old.append(seq.old_logprobs[t])
                 temps.append(seq.temperatures[t])
@@ -72,9 +70,10 @@ def make_microbatch(seqs: list[TrainSequence], seq_ids: list[int], device: torch
     def t(x, dtype=torch.float32):
         return torch.tensor(x, dtype=dtype, device=device)
 
+    real = sum(len(s.ids) for s in seqs)
     return Microbatch(
-        input_ids=t([ids], torch.long), position_ids=t([pos], torch.long),
-        logit_positions=t(logit_pos, torch.long), targets=t(targets, torch.long),
-        old_logprobs=t(old), temperatures=t(temps), advantages=t(adv), weights=t(w),
-        seq_index=t(sidx, torch.long), n_tokens=len(ids),
+        input_ids=ids.to(device), attention_mask=mask.to(device), rows=t(rows, torch.long),
+        logit_positions=t(pos, torch.long), targets=t(targets, torch.long), old_logprobs=t(old),
+        temperatures=t(temps), advantages=t(adv), weights=t(w), seq_index=t(sidx, torch.long),
+        n_tokens=real, n_padding=len(seqs) * width - real,
     )

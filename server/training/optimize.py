@@ -16,7 +16,7 @@ import torch
 from client.types import TrainConfig
 from server.training import losses
 from server.training.assemble import TrainSequence
-from server.training.batching import make_microbatch, pack
+from server.training.batching import make_microbatch, plan
 
 
 @dataclass
@@ -24,6 +24,7 @@ class OptimizeStats:
     loss: float = 0.0
     loss_tokens: int = 0
     row_tokens: int = 0
+    padding_tokens: int = 0
     gap_sum: float = 0.0
     gap_tokens: int = 0
     clipped: int = 0
@@ -45,6 +46,7 @@ class OptimizeStats:
             "grad_norm": sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else None,
             "optimizer_steps": self.optimizer_steps,
             "skipped_optimizer_steps": self.skipped_steps,
+            "padding_fraction": self.padding_tokens / max(self.row_tokens + self.padding_tokens, 1),
         }
 
 
@@ -64,12 +66,13 @@ def _token_losses(kind: str, cfg: TrainConfig, lp, mb):
 
 def _forward_logprobs(host: Any, mb, grad: bool):
     """Logprobs of the targets at each token's own sampling temperature, and the full
-    distributions (for entropy). Only loss positions get logits, which keeps memory small."""
+    distributions (for entropy). The output head runs only on loss positions: with a 150k
+    vocabulary, logits for every position would dwarf the rest of the step's memory."""
+    lm = host.model.get_base_model() if host.has_adapters else host.model
     with torch.set_grad_enabled(grad):
-        out = host.model(input_ids=mb.input_ids, position_ids=mb.position_ids,
-                         logits_to_keep=mb.logit_positions, use_cache=False)
-        logits = out.logits[0].float() / mb.temperatures[:, None]
-        lp_all = torch.log_softmax(logits, dim=-1)
+        hidden = lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)[0]
+        logits = lm.get_output_embeddings()(hidden[mb.rows, mb.logit_positions]).float()
+        lp_all = torch.log_softmax(logits / mb.temperatures[:, None], dim=-1)
         return lp_all.gather(-1, mb.targets[:, None]).squeeze(-1), lp_all
 
 
@@ -87,8 +90,8 @@ def optimize(host: Any, adapter: str, params: list[torch.nn.Parameter], optimize
             n_tokens = sum(s.n_loss_tokens for s in mini)
             seq_lengths = torch.tensor([max(s.n_loss_tokens, 1) for s in mini], dtype=torch.float32, device=host.device)
             optimizer.zero_grad(set_to_none=True)
-            for r, row in enumerate(pack([len(s.ids) for s in mini], cfg.max_tokens_per_microbatch)):
-                mb = make_microbatch([mini[i] for i in row], row, host.device)
+            for r, row in enumerate(plan([len(s.ids) for s in mini], cfg.max_tokens_per_microbatch)):
+                mb = make_microbatch([mini[i] for i in row], row, host.device, host.tokenizer.pad_token_id or 0)
                 ref_lp = None
                 with host.lock:
                     host.model.set_adapter(adapter)
@@ -112,6 +115,7 @@ def optimize(host: Any, adapter: str, params: list[torch.nn.Parameter], optimize
                         stats.loss += float(loss) / n_mini
                         stats.loss_tokens += mb.n_loss_tokens
                         stats.row_tokens += mb.n_tokens
+                        stats.padding_tokens += mb.n_padding
                         stats.clipped += int(clipped.sum())
                         stats.entropy_sum += float(-(lp_all.exp() * lp_all).sum(-1).sum())
                     if first_pass and kind == "rl":

@@ -99,7 +99,6 @@ def rl_step(host: ModelHost, runs: RunManager, run: Run, groups: list[Trajectory
     m.update(ost.metrics())
     m["lora_update_norm"] = _update_norm(run.params, before)
     m["learning_rate"] = lr
-    m["padding_fraction"] = 0.0  # packed rows carry no padding by construction
     m["step_seconds"] = time.time() - t0
     m["tokens_per_second"] = ost.row_tokens * cfg.epochs / max(m["step_seconds"], 1e-9)
     m["trained"] = ost.optimizer_steps > 0

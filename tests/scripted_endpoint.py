@@ -1,0 +1,64 @@
+"""An OpenAI-compatible endpoint on loopback that answers from a script.
+
+Only for what cannot run here (a hosted judge LLM) or cannot be made to happen on demand (a model
+that writes a malformed tool call); everything else talks to a real art-server.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+
+def completion(content: str | None, tool_calls: list[dict] | None = None, finish: str = "stop",
+               model: str = "scripted") -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+
+class ScriptedEndpoint:
+    """`replies` is consumed in order: a dict is a chat completion body, an int an error status."""
+
+    def __init__(self) -> None:
+        self.replies: list[dict[str, Any] | int] = []
+        self.requests: list[dict[str, Any]] = []
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            self.requests.append(await request.json())
+            reply = self.replies.pop(0) if self.replies else 500
+            if isinstance(reply, int):
+                return JSONResponse({"error": {"message": f"scripted {reply}", "type": "server_error",
+                                               "param": None, "code": None}}, status_code=reply)
+            return JSONResponse(reply)
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> "ScriptedEndpoint":
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)

@@ -1,0 +1,136 @@
+"""Advantage, loss and batching math: small pure functions, each tried where it could break."""
+
+import math
+
+import pytest
+import torch
+
+from server.training import losses
+from server.training.advantages import awr_weights, group_advantages
+from server.training.assemble import TrainSequence
+from server.training.batching import make_microbatch, plan
+from server.training.health import step_warnings
+from server.training.hyperparams import default_learning_rate
+
+
+def test_constant_groups_are_dropped_not_trained():
+    assert group_advantages([1, 1, 1, 1]).advantages is None
+    assert group_advantages([0.1, 0.1, 0.1]).advantages is None
+    assert group_advantages([0.5]).advantages is None  # one rollout: nothing to compare with
+
+
+def test_float_noise_is_not_signal():
+    # ART's bug: [0.1, 0.1 + 1e-11] normalised by its std becomes a full-size +-1 advantage.
+    noisy = group_advantages([0.1, 0.1 + 1e-11, 0.1], scale=True)
+    assert noisy.advantages is None
+    real = group_advantages([0.0, 1.0, 0.0, 1.0], scale=True)
+    assert real.advantages == pytest.approx([-1, 1, -1, 1], abs=1e-5)
+
+
+def test_advantages_are_reward_minus_mean_by_default():
+    g = group_advantages([0.0, 0.5, 1.0])
+    assert g.advantages == pytest.approx([-0.5, 0.0, 0.5])
+    assert sum(g.advantages) == pytest.approx(0.0)
+
+
+def test_awr_weights_positive_and_ordered():
+    w = awr_weights([-1.0, 0.0, 2.0])
+    assert all(x > 0 for x in w)
+    assert w[0] < w[1] < w[2]
+    assert all(0.1 <= x <= 5.0 for x in w)
+
+
+def _grad(fn, lp0, old, adv):
+    lp = torch.tensor(lp0, requires_grad=True)
+    loss, clipped = fn(lp, torch.tensor(old), torch.tensor(adv))
+    loss.sum().backward()
+    return lp.grad, clipped
+
+
+def test_ppo_on_policy_is_policy_gradient_and_clips_beyond_bounds():
+    g, clipped = _grad(lambda lp, o, a: losses.ppo_loss(lp, o, a, 0.2, 0.28), [-1.0, -2.0], [-1.0, -2.0], [1.0, -1.0])
+    assert g.tolist() == pytest.approx([-1.0, 1.0])  # ratio 1: gradient of -A * logprob
+    assert not clipped.any()
+    # ratio e^0.5 = 1.65 > 1.28 with A > 0: clipped, no gradient
+    g, clipped = _grad(lambda lp, o, a: losses.ppo_loss(lp, o, a, 0.2, 0.28), [-0.5], [-1.0], [1.0])
+    assert clipped.all() and g.abs().sum() == 0
+    # the same ratio with A < 0 is not clipped (PPO's pessimistic min)
+    g, clipped = _grad(lambda lp, o, a: losses.ppo_loss(lp, o, a, 0.2, 0.28), [-0.5], [-1.0], [-1.0])
+    assert not clipped.any() and g.abs().sum() > 0
+
+
+def test_ppo_bounds_are_separate():
+    lp, old, adv = torch.tensor([math.log(1.25)]), torch.tensor([0.0]), torch.tensor([1.0])
+    assert not losses.ppo_loss(lp, old, adv, 0.2, 0.28)[1].any()  # 1.25 < 1 + 0.28
+    assert losses.ppo_loss(lp, old, adv, 0.2, 0.2)[1].all()
+
+
+def test_cispo_keeps_gradient_on_clipped_tokens():
+    g, clipped = _grad(lambda lp, o, a: losses.cispo_loss(lp, o, a, 0.2, 0.28), [-0.5], [-1.0], [1.0])
+    assert clipped.all() and g.item() == pytest.approx(-1.28)
+
+
+def test_truncated_importance_sampling_caps_the_weight():
+    g, capped = _grad(lambda lp, o, a: losses.truncated_is_loss(lp, o, a, 2.0), [0.0], [-3.0], [1.0])
+    assert capped.all() and g.item() == pytest.approx(-2.0)
+
+
+def test_kl_k3_is_zero_at_reference_and_positive_elsewhere():
+    lp = torch.tensor([-1.0, -2.0])
+    assert losses.kl_k3(lp, lp).abs().max() == 0
+    assert (losses.kl_k3(lp, lp + 0.3) > 0).all()
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean", "constant"])
+def test_aggregation_does_not_depend_on_microbatch_cut(mode):
+    token_loss = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    seq = torch.tensor([0, 0, 0, 1, 1])
+    lengths = torch.tensor([3.0, 2.0])
+    whole = losses.aggregate(token_loss, seq, mode, 5, 2, 10, lengths)
+    parts = (losses.aggregate(token_loss[:2], seq[:2], mode, 5, 2, 10, lengths)
+             + losses.aggregate(token_loss[2:], seq[2:], mode, 5, 2, 10, lengths))
+    assert float(whole) == pytest.approx(float(parts))
+    expected = {"token_mean": 15 / 5, "seq_mean": (6 / 3 + 9 / 2) / 2, "constant": 15 / 20}[mode]
+    assert float(whole) == pytest.approx(expected)
+
+
+def test_plan_respects_budget_and_sorts_by_length():
+    lengths = [100, 300, 120, 290, 50]
+    batches = plan(lengths, 600)
+    assert sorted(i for b in batches for i in b) == list(range(5))
+    for b in batches:
+        assert len(b) * max(lengths[i] for i in b) <= 600 or len(b) == 1
+    assert batches[0][:2] == [1, 3]
+
+
+def test_microbatch_targets_only_masked_tokens():
+    s = TrainSequence()
+    s.extend([5, 6, 7], trained=False)
+    s.extend([8, 9], trained=True, logprobs=[-0.5, -0.25], temperature=0.7)
+    s.advantage = 0.3
+    short = TrainSequence()
+    short.extend([1, 2], trained=False)
+    short.extend([3], trained=True, logprobs=[-1.0])
+    mb = make_microbatch([s, short], [0, 1], torch.device("cpu"))
+    assert mb.targets.tolist() == [8, 9, 3]
+    assert mb.logit_positions.tolist() == [2, 3, 1]  # logits at t-1 predict token t
+    assert mb.rows.tolist() == [0, 0, 1]
+    assert mb.old_logprobs.tolist() == [-0.5, -0.25, -1.0]
+    assert mb.temperatures.tolist() == pytest.approx([0.7, 0.7, 1.0])
+    assert mb.n_padding == 2 and mb.attention_mask[1].tolist() == [1, 1, 1, 0, 0]
+
+
+def test_default_learning_rate_scales_with_model_size():
+    assert default_learning_rate(2560) == pytest.approx(4.7e-4, rel=0.05)
+    assert default_learning_rate(4096) < default_learning_rate(2560) < default_learning_rate(256)
+
+
+def test_warnings_speak_plainly():
+    assert "no signal" in step_warnings({"groups_total": 3, "groups_dropped_constant": 3, "trainable_tokens": 0})[0]
+    w = step_warnings({"groups_total": 2, "groups_dropped_constant": 0, "trainable_tokens": 0, "choices": 0})
+    assert "Choice" in w[0]
+    assert any("did not change" in x for x in step_warnings({"trained": 1, "lora_update_norm": 0.0, "trainable_tokens": 5}))
+    assert any("logprobs" in x for x in step_warnings({"logprob_gap": 0.4, "trainable_tokens": 5}))
+    assert any("failed" in x for x in step_warnings({"trajectories_total": 1, "trajectories_excluded": 3, "trainable_tokens": 5}))
+    assert step_warnings({"groups_total": 2, "groups_dropped_constant": 0, "trainable_tokens": 10, "trained": 1,
+                          "lora_update_norm": 0.1, "logprob_gap": 0.0}) == []

@@ -1,0 +1,189 @@
+"""The training service through its HTTP API: each invariant tried by trying to break it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+
+import httpx
+import pytest
+
+from client import ServerError, TrainConfig, TrainableModel, Trajectory, TrajectoryGroup
+from examples.demo import task as demo
+from rollouts.agent import rollout
+
+
+async def _groups(model: TrainableModel, n_groups: int, size: int, seed: int = 0) -> list[TrajectoryGroup]:
+    """Real multi-turn, tool-calling rollouts of the demo task, sampled from the server."""
+    example = demo.make_example()
+    tasks = example.train_tasks(seed)[:n_groups]
+    client = model.openai_client(max_retries=0)
+    out = []
+    for t in tasks:
+        trajs = await asyncio.gather(*(rollout(client, model.name, example.make_env(t), t, example.settings)
+                                       for _ in range(size)))
+        out.append(TrajectoryGroup(trajectories=list(trajs)))
+    return out
+
+
+def _with_rewards(groups: list[TrajectoryGroup], rewards: list[list[float]]) -> list[TrajectoryGroup]:
+    out = []
+    for g, rs in zip(groups, rewards):
+        trajs = [t.model_copy(update={"reward": r}) for t, r in zip(g.trajectories, rs)]
+        out.append(TrajectoryGroup(trajectories=trajs))
+    return out
+
+
+def test_constant_rewards_train_nothing_and_say_so(server):
+    async def go():
+        model = await TrainableModel("constant").register(server.url)
+        groups = await _groups(model, 2, 4)
+        for rewards in ([[1, 1, 1, 1], [1, 1, 1, 1]], [[0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1]]):
+            result = await model.train(_with_rewards(groups, rewards))
+            assert not result.trained
+            assert result.step == 0 and await model.get_step() == 0
+            assert result.metrics["groups_dropped_constant"] == 2
+            assert any("same reward" in w for w in result.warnings)
+    asyncio.run(go())
+
+
+def test_on_policy_multiturn_step_is_token_exact_and_moves_the_lora(server):
+    async def go():
+        model = await TrainableModel("onpolicy").register(server.url)
+        groups = await _groups(model, 3, 4, seed=1)
+        assert any(len(t.choices()) >= 2 for g in groups for t in g.trajectories), "want multi-turn rollouts"
+        assert any(t.metrics.get("tool_calls", 0) >= 1 for g in groups for t in g.trajectories)
+        rng = random.Random(0)
+        groups = _with_rewards(groups, [[rng.random() for _ in range(4)] for _ in groups])
+        # Inference keeps running while the step trains.
+        sampler = asyncio.create_task(_groups(model, 2, 4, seed=2))
+        result = await model.train(groups, TrainConfig(learning_rate=1e-3))
+        await sampler
+        m = result.metrics
+        assert result.trained and result.step == 1
+        assert m["logprob_gap"] <= 1e-3
+        assert m["prompt_mismatches"] == 0 and m["trained_choices"] == m["choices"]
+        assert m["lora_update_norm"] > 0
+        assert m["groups_trainable"] == 3 and m["trainable_tokens"] > 0
+        for name in ("reward_mean", "reward_std", "clip_fraction", "entropy", "grad_norm", "kl_to_base",
+                     "truncated_fraction", "loss", "tokens_per_second", "step_seconds", "groups_total",
+                     "trajectories_excluded"):
+            assert name in m and m[name] is not None and math.isfinite(m[name]), name
+        # the run's name now serves step 1, and step 0 stays addressable
+        client = model.openai_client()
+        r = await client.chat.completions.create(model="onpolicy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert r.choices[0].sampling["step"] == 1
+        r0 = await client.chat.completions.create(model="onpolicy@0", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert r0.choices[0].sampling["step"] == 0
+    asyncio.run(go())
+
+
+def test_exceptions_are_counted_not_scored(server):
+    async def go():
+        model = await TrainableModel("exceptions").register(server.url)
+        groups = await _groups(model, 1, 3, seed=3)
+        g = _with_rewards(groups, [[0.0, 1.0, 0.5]])[0]
+        g = TrajectoryGroup(trajectories=g.trajectories, exceptions=["APIConnectionError: server down"])
+        result = await model.train([g])
+        assert result.metrics["trajectories_excluded"] == 1
+        assert result.metrics["trajectories_total"] == 3
+        assert result.metrics["reward_mean"] == pytest.approx(0.5)  # the failure is not a zero reward
+    asyncio.run(go())
+
+
+def test_resubmitted_idempotency_key_trains_once(server):
+    async def go():
+        model = await TrainableModel("idempotent").register(server.url)
+        groups = _with_rewards(await _groups(model, 1, 2, seed=4), [[0.0, 1.0]])
+        first = await model.train(groups, idempotency_key="step-1")
+        again = await model.train(groups, idempotency_key="step-1")
+        assert first.step == again.step == 1
+        assert first.job_id == again.job_id
+        assert await model.get_step() == 1
+    asyncio.run(go())
+
+
+def test_sft_lowers_loss_on_its_demonstrations(server):
+    async def go():
+        model = await TrainableModel("sft", lora={"rank": 16, "alpha": 32}).register(server.url)
+        rng = random.Random(0)
+        convs = [demo.demonstration(t, False, rng) for t in demo.make_example().train_tasks(5)[:8]]
+        first = await model.train_sft(convs)
+        second = await model.train_sft(convs)
+        assert first.trained and second.step == 2
+        assert second.metrics["loss"] < first.metrics["loss"]
+    asyncio.run(go())
+
+
+def test_bad_training_input_gets_clear_4xx_and_server_keeps_working(server):
+    async def go():
+        model = await TrainableModel("badinput").register(server.url)
+        good = _with_rewards(await _groups(model, 1, 2, seed=6), [[0.0, 1.0]])
+        body = {"kind": "rl", "groups": [g.model_dump(mode="json") for g in good], "config": {}}
+
+        def variant(fn):
+            b = json.loads(json.dumps(body))
+            fn(b)
+            return b
+
+        def first_choice(b):
+            return next(i for i in b["groups"][0]["trajectories"][0]["messages_and_choices"] if "finish_reason" in i)
+
+        cases = {
+            "nan reward": (variant(lambda b: b["groups"][0]["trajectories"][0].update(reward=float("nan"))), "finite"),
+            "empty group": (variant(lambda b: b["groups"].append({"trajectories": [], "exceptions": []})), "empty"),
+            "no groups": (variant(lambda b: b.update(groups=[])), "nothing to train"),
+            "bad token id": (variant(lambda b: first_choice(b)["token_ids"].__setitem__(0, 10**7)), "not valid"),
+            "other model": (variant(lambda b: first_choice(b)["sampling"].update(model_fingerprint="0" * 16)), "another model"),
+            "bad loss": (variant(lambda b: b.update(config={"loss": "sgd"})), "loss"),
+            "negative lr": (variant(lambda b: b.update(config={"learning_rate": -1})), "learning_rate"),
+        }
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            for name, (payload, needle) in cases.items():
+                r = await http.post("/v1/runs/badinput/jobs", content=json.dumps(payload, allow_nan=True),
+                                    headers={"content-type": "application/json"})
+                assert r.status_code == 400, (name, r.text)
+                assert needle in r.json()["error"]["message"], (name, r.json())
+            r = await http.post("/v1/runs/nope/jobs", json=body)
+            assert r.status_code == 404 and "does not exist" in r.json()["error"]["message"]
+            r = await http.post("/v1/runs/badinput/jobs", content=b"{" + b" " * (70 * 1024 * 1024) + b"}",
+                                headers={"content-type": "application/json"})
+            assert r.status_code == 413
+        assert await model.get_step() == 0
+        result = await model.train(good)  # and the server still trains
+        assert result.trained and result.step == 1
+    asyncio.run(go())
+
+
+def test_checkpoints_list_delete_and_prune_keep_latest_and_best(server):
+    async def go():
+        model = await TrainableModel("ckpt").register(server.url)
+        groups = _with_rewards(await _groups(model, 1, 2, seed=7), [[0.0, 1.0]])
+        for _ in range(3):
+            await model.train(groups)
+        steps = [c["step"] for c in await model.list_checkpoints()]
+        assert steps == [0, 1, 2, 3]
+        with pytest.raises(ServerError) as e:
+            await model._request("DELETE", "/v1/runs/ckpt/checkpoints/3")
+        assert e.value.status == 409
+        best = max((c for c in await model.list_checkpoints() if c["step"] > 0),
+                   key=lambda c: c["metrics"]["lora_update_norm"])["step"]
+        deleted = await model.delete_checkpoints(best_metric="lora_update_norm", mode="max")
+        kept = [c["step"] for c in await model.list_checkpoints()]
+        assert 3 in kept and best in kept and set(deleted).isdisjoint(kept)
+    asyncio.run(go())
+
+
+def test_runs_on_one_base_coexist(server):
+    async def go():
+        a = await TrainableModel("coexist-a").register(server.url)
+        b = await TrainableModel("coexist-b", lora={"rank": 4, "alpha": 8}).register(server.url)
+        groups = _with_rewards(await _groups(a, 1, 2, seed=8), [[0.0, 1.0]])
+        await a.train(groups)
+        assert await a.get_step() == 1 and await b.get_step() == 0
+        with pytest.raises(ServerError) as e:  # same name, other LoRA settings
+            await TrainableModel("coexist-b", lora={"rank": 8}).register(server.url)
+        assert e.value.status == 409
+    asyncio.run(go())
