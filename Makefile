@@ -4,6 +4,7 @@ PIP := .venv/bin/pip
 STAMP := .venv/.installed
 PORT ?= 8765
 export LITELLM_LOCAL_MODEL_COST_MAP := True
+export OMP_WAIT_POLICY := PASSIVE
 
 .PHONY: install demo test bench model clean
 
@@ -15,7 +16,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[server,dev]'
+	$(PIP) install -q -e '.[server,dev,export]'
+	# Debian's chromium for the web UI's browser tests (playwright drives it; never `playwright install`).
+	test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 	touch $(STAMP)
 
 demo: install
@@ -28,9 +31,10 @@ bench: install
 	$(PY) bench/serve.py
 	$(PY) bench/train_step.py
 
-# Rebuild the embedded model from scratch (tokenizer + weights), then warm-start it.
+# Rebuild the shipped embedded model from nothing: tokenizer, pretraining, warm-start SFT through
+# art-server's own SFT job (about 15 minutes on 2 cores).
 model: install
-	$(PY) -m server.embedded.build --out server/embedded/model
+	$(PY) -m examples.demo.warmstart --out server/embedded/model
 
 clean:
 	rm -rf .venv out artisan-data

@@ -77,11 +77,15 @@ def plot(history: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path)
 
 async def train_loop(server: str, api_key: str | None, run: str, project: str, example_name: str, steps: int,
                      groups_per_step: int, group_size: int, learning_rate: float | None, loss: str,
+                     num_minibatches: int, epochs: int,
                      eval_every: int, eval_tasks: int, seed: int, out: Path, reward: str, judge: str | None,
-                     progress: bool = True) -> dict[str, Any]:
+                     progress: bool = True, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     started = time.time()
     out.mkdir(parents=True, exist_ok=True)
     example = load_example(example_name)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            setattr(example.settings, key, value)
     hook = None
     if reward == "ruler":
         if not judge:
@@ -97,7 +101,7 @@ async def train_loop(server: str, api_key: str | None, run: str, project: str, e
     previous = json.loads(state_path.read_text()) if state_path.exists() else {}
     history: list[dict[str, Any]] = previous.get("history", []) if previous.get("run") == run else []
     evals: list[dict[str, Any]] = previous.get("evals", []) if previous.get("run") == run else []
-    config = TrainConfig(learning_rate=learning_rate, loss=loss)
+    config = TrainConfig(learning_rate=learning_rate, loss=loss, num_minibatches=num_minibatches, epochs=epochs)
 
     if not evals:
         before = await evaluate(model, example, held_out, progress)
@@ -158,17 +162,24 @@ def main(
     group_size: int = typer.Option(8),
     learning_rate: float = typer.Option(None, help="Default: derived from the model's size (see TrainConfig)."),
     loss: str = typer.Option("ppo", help="ppo, cispo, importance_sampling or awr"),
+    num_minibatches: int = typer.Option(1, help="Optimizer steps per epoch over each batch of rollouts."),
+    epochs: int = typer.Option(1, help="Passes over each batch of rollouts (the clipped loss keeps them safe)."),
     eval_every: int = typer.Option(5),
     eval_tasks: int = typer.Option(64),
     seed: int = typer.Option(0),
     out: Path = typer.Option(Path("out/train")),
     reward: str = typer.Option("env", help="env (the environment's reward) or ruler (an LLM judge ranks each group)"),
     judge: str = typer.Option(None, help="For --reward ruler: a litellm model string or http://host:port/v1#model"),
+    max_turns: int = typer.Option(None, help="Override the example's turns per rollout."),
+    max_tokens: int = typer.Option(None, help="Override the example's tokens per model turn."),
+    temperature: float = typer.Option(None, help="Override the example's sampling temperature."),
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    overrides = {"max_turns": max_turns, "max_tokens": max_tokens, "temperature": temperature}
     summary = asyncio.run(train_loop(server, api_key, run, project, example, steps, groups_per_step, group_size,
-                                     learning_rate, loss, eval_every, eval_tasks, seed, out, reward, judge, progress))
+                                     learning_rate, loss, num_minibatches, epochs, eval_every, eval_tasks, seed, out, reward, judge, progress,
+                                     overrides))
     print(json.dumps({k: summary[k] for k in ("eval_reward_before", "eval_reward_after", "steps", "seconds")}))
 
 

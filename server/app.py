@@ -2,53 +2,24 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from pydantic import BaseModel
 
-from server.api import errors, openai_routes, training_routes
+from server import export
+from server.api import errors, export_routes, openai_routes, training_routes, ui_routes
 from server.engine.scheduler import Engine
 from server.model_host import ModelHost, Policy
+from server.settings import Settings
 from server.store import Store
 from server.training.jobs import JobManager
 from server.training.runs import RunManager
 
 log = logging.getLogger("artisan")
-DEFAULT_MODEL_DIR = Path(__file__).parent / "embedded" / "model"
-
-
-class Settings(BaseModel):
-    model: Path = DEFAULT_MODEL_DIR
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    data_dir: Path = Path("artisan-data")
-    device: str = "auto"
-    dtype: str = "auto"
-    max_batch: int = 64
-    max_waiting: int = 512
-    max_request_bytes: int = 64 * 1024 * 1024
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(settings: Settings) -> None:
-    """A server that trains on what it is sent must not listen to the world unauthenticated."""
-    if not is_loopback(settings.host) and not settings.api_key:
-        raise SystemExit(f"refusing to bind {settings.host} without an API key: pass --api-key or set ARTISAN_API_KEY")
 
 
 @dataclass
@@ -59,20 +30,21 @@ class ServerState:
     runs: RunManager
     store: Store
     jobs: JobManager
-    extras: dict[str, Any] = field(default_factory=dict)
+    exports: Any = None  # the exporters' dispatcher (server/export) when --export asks for one
 
     def resolve(self, model: str) -> Policy | None:
         return self.runs.resolve(model)
 
 
 def create_app(settings: Settings) -> FastAPI:
+    exports = export.build(settings)  # None unless --export asks; first, so a bad one stops start-up at once
     host = ModelHost(settings.model, device=settings.device, dtype=settings.dtype)
     engine = Engine(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting)
     data_dir = Path(settings.data_dir)
     store = Store(data_dir / "artisan.sqlite")
     runs = RunManager(host, data_dir)
-    jobs = JobManager(host, runs, store)
-    state = ServerState(settings, host, engine, runs, store, jobs)
+    jobs = JobManager(host, runs, store, exports, settings.keep_trajectory_steps)
+    state = ServerState(settings, host, engine, runs, store, jobs, exports)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -83,6 +55,8 @@ def create_app(settings: Settings) -> FastAPI:
         yield
         engine.stop()
         jobs.stop()
+        if exports is not None:
+            exports.close()
 
     app = FastAPI(title="art-server", lifespan=lifespan)
     app.state.settings = settings
@@ -103,4 +77,6 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(openai_routes.router)
     app.include_router(training_routes.router)
+    app.include_router(ui_routes.router)
+    app.include_router(export_routes.router)
     return app

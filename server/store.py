@@ -8,6 +8,7 @@ transactions, so a crash loses at most the step in flight.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -40,6 +41,7 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._lock = threading.Lock()
+        self._db.create_function("artisan_strict_json", 1, _strict_json, deterministic=True)
         self._migrate()
 
     def _migrate(self) -> None:
@@ -84,10 +86,10 @@ class Store:
         """A step's metrics and its trajectories in one transaction."""
         now = time.time()
         stmts = [("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?)",
-                  (run, step, kind, json.dumps(metrics), json.dumps(warnings), now)),
+                  (run, step, kind, _dumps(metrics), json.dumps(warnings), now)),
                  ("DELETE FROM trajectories WHERE run = ? AND step = ? AND split = ?", (run, step, split))]
         stmts += [("INSERT INTO trajectories (run, step, split, group_index, traj_index, reward, data, created) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run, step, split, g, t, r, json.dumps(d), now))
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run, step, split, g, t, r, _dumps(d), now))
                   for g, t, r, d in trajectories]
         self._write(stmts)
 
@@ -95,8 +97,19 @@ class Store:
                          trajectories: list[tuple[int, int, float, dict[str, Any]]]) -> None:
         now = time.time()
         self._write([("INSERT INTO trajectories (run, step, split, group_index, traj_index, reward, data, created) "
-                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run, step, split, g, t, r, json.dumps(d), now))
+                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run, step, split, g, t, r, _dumps(d), now))
                      for g, t, r, d in trajectories])
+
+    def prune_trajectories(self, run: str, keep_steps: int) -> int:
+        """Retention: drop the trajectories of all but the newest `keep_steps` steps of a run (step
+        metrics and warnings are small and always kept). Returns the rows deleted."""
+        with self._lock:
+            newest = self._db.execute("SELECT MAX(step) FROM trajectories WHERE run = ?", (run,)).fetchone()[0]
+        if newest is None:
+            return 0
+        with self._lock:
+            cur = self._db.execute("DELETE FROM trajectories WHERE run = ? AND step <= ?", (run, newest - keep_steps))
+            return cur.rowcount
 
     def steps(self, run: str) -> list[dict[str, Any]]:
         rows = self._rows("SELECT step, kind, metrics, warnings, created FROM steps WHERE run = ? ORDER BY step", (run,))
@@ -114,6 +127,62 @@ class Store:
         for r in rows:
             r["data"] = json.loads(r["data"])
         return rows
+
+    # ---- browsing (the web UI) --------------------------------------------------------------
+    def reward_by_step(self, run: str) -> list[dict[str, Any]]:
+        """Mean reward and count per (split, step): the reward curves, without loading any JSON."""
+        return self._rows("SELECT split, step, COUNT(*) AS n, AVG(reward) AS reward_mean FROM trajectories "
+                          "WHERE run = ? GROUP BY split, step ORDER BY split, step", (run,))
+
+    def find_trajectories(self, run: str, step: int | None = None, split: str | None = None,
+                          group: int | None = None, min_reward: float | None = None,
+                          max_reward: float | None = None, meta_key: str | None = None,
+                          meta_value: str | None = None, text: str | None = None,
+                          limit: int = 500) -> list[dict[str, Any]]:
+        """Trajectory summaries (no messages, tokens or logprobs) matching every filter given.
+
+        The JSON filters run inside SQLite so a search never ships every trajectory's token data
+        to Python. `meta_value` matches the metadata value's text form (`true`, `3`, `retail`);
+        `text` is a case-insensitive substring of any message content or tool-call arguments.
+        """
+        where, args = ["run = ?"], [run]
+        for clause, value in (("step = ?", step), ("split = ?", split), ("group_index = ?", group),
+                              ("reward >= ?", min_reward), ("reward <= ?", max_reward)):
+            if value is not None:
+                where.append(clause)
+                args.append(value)
+        json_where, json_args = [], []
+        if meta_key:
+            # json_each rather than a json path built from the key: the key is data, never syntax.
+            json_where.append("EXISTS (SELECT 1 FROM json_each(doc, '$.metadata') WHERE key = ? AND "
+                              "(CASE WHEN type IN ('true', 'false', 'null') THEN type "
+                              "WHEN type IN ('object', 'array') THEN value ELSE CAST(atom AS TEXT) END) = ?)")
+            json_args += [meta_key, meta_value or ""]
+        if text:
+            escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            json_where.append("EXISTS (SELECT 1 FROM json_tree(doc, '$.messages_and_choices') "
+                              "WHERE key IN ('content', 'text', 'arguments') AND type = 'text' "
+                              "AND value LIKE ? ESCAPE '\\')")
+            json_args.append(f"%{escaped}%")
+        # `doc` is the row as SQLite-readable JSON: json.dumps writes NaN for a NaN metric, which
+        # SQLite's JSON functions reject, so those rare rows are rewritten (NaN as null) on the fly.
+        rows = self._rows("SELECT id, step, split, group_index, traj_index, reward, "
+                          "json_extract(doc, '$.metadata') AS metadata, json_extract(doc, '$.metrics') AS metrics "
+                          "FROM (SELECT *, CASE WHEN json_valid(data) THEN data ELSE artisan_strict_json(data) END AS doc "
+                          f"FROM trajectories WHERE {' AND '.join(where)}) "
+                          f"WHERE {' AND '.join(json_where) or '1'} "
+                          "ORDER BY step, split, group_index, traj_index LIMIT ?", (*args, *json_args, limit))
+        for r in rows:
+            r["metadata"], r["metrics"] = json.loads(r["metadata"] or "{}"), json.loads(r["metrics"] or "{}")
+        return rows
+
+    def trajectory(self, traj_id: int) -> dict[str, Any] | None:
+        rows = self._rows("SELECT id, run, step, split, group_index, traj_index, reward, data FROM trajectories "
+                          "WHERE id = ?", (traj_id,))
+        if not rows:
+            return None
+        rows[0]["data"] = json.loads(rows[0]["data"])
+        return rows[0]
 
     # ---- jobs ------------------------------------------------------------------------------
     def put_job(self, job: dict[str, Any]) -> None:
@@ -141,6 +210,25 @@ class Store:
     def events(self, job_id: str, after: int = -1) -> list[dict[str, Any]]:
         rows = self._rows("SELECT seq, type, data FROM job_events WHERE job_id = ? AND seq > ? ORDER BY seq", (job_id, after))
         return [{"seq": r["seq"], "type": r["type"], "data": json.loads(r["data"])} for r in rows]
+
+
+def _strict_json(text: str) -> str:
+    return json.dumps(json.loads(text, parse_constant=lambda _: None))
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _dumps(obj: Any) -> str:
+    """JSON that every reader can parse: a NaN metric is stored as null (strict JSON has no NaN)."""
+    return json.dumps(_finite(obj))
 
 
 def _job(row: dict[str, Any]) -> dict[str, Any]:

@@ -227,6 +227,12 @@ def test_malformed_calls_stay_in_content(text):
     assert out.malformed and out.tool_calls == [] and out.content == text
 
 
+def test_content_keeps_leading_whitespace_a_stream_already_sent():
+    out = parse_tool_calls('\n Hi\n<tool_call>{"name": "f"}</tool_call>\n')
+    assert out.content == "\n Hi" and [c.name for c in out.tool_calls] == ["f"]
+    assert parse_tool_calls(' \n<tool_call>{"name": "f"}</tool_call>').content is None
+
+
 def test_tools_disabled_or_no_tag_is_plain_content():
     text = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
     assert parse_tool_calls(text, tools_enabled=False).tool_calls == []

@@ -273,15 +273,15 @@ def test_code_fences_are_tolerated(judge, judge_server):
 
 
 async def _gather_one(hook, group: TrajectoryGroup) -> TrajectoryGroup:
-    """What a gather does with a hook: a judge failure excludes the whole group, counted as exceptions."""
-    try:
-        return await hook(group)
-    except JudgeError as exc:
-        return TrajectoryGroup(
-            trajectories=[],
-            exceptions=group.exceptions + [exc] * len(group.trajectories),
-            metadata=group.metadata,
-        )
+    """The real gather, scoring the group with `hook` as soon as its rollouts finish."""
+    from client import gather_trajectory_groups
+
+    async def done(t):
+        return t
+
+    out = await gather_trajectory_groups([[done(t) for t in group.trajectories]], max_exceptions=1.0,
+                                         progress=False, after_each=hook)
+    return out[0].model_copy(update={"metadata": group.metadata})
 
 
 def test_never_valid_raises_and_gather_records_exception(judge, judge_server):

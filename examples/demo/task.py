@@ -30,9 +30,13 @@ TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "get_stock", "description": "Units of an item in stock.",
      "parameters": {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}}},
 ]
+# Phrased like the base model's pretraining chats (server/embedded/corpus.py), so the warm start
+# only has to teach these two tools.
 QUESTIONS = {
-    "price": ["How much does a {item} cost?", "What is the price of a {item}?", "price of {item}?"],
-    "stock": ["How many {item} do you have in stock?", "Is {item} in stock? How many?", "stock of {item}?"],
+    "price": ["What is the price of {item}?", "Tell me the price for {item}.", "price of {item}?",
+              "I need the price of {item}, please.", "Can you check the price of {item}?"],
+    "stock": ["What is the stock of {item}?", "Tell me the stock for {item}.", "stock of {item}?",
+              "I need the stock of {item}, please.", "Can you check the stock of {item}?"],
 }
 TOOL_FOR = {"price": "get_price", "stock": "get_stock"}
 
@@ -49,7 +53,7 @@ def make_task(rng: random.Random, item: str, index: int, split: str) -> Task:
 
 
 def answer_text(kind: str, item: str, value: int) -> str:
-    return f"The {item} costs {value} dollars." if kind == "price" else f"We have {value} {item} in stock."
+    return f"The {kind} of {item} is {value}."
 
 
 class ShopEnv(Environment):
@@ -106,7 +110,7 @@ def demonstration(task: Task, mistake: bool, rng: random.Random) -> list[Message
 
 class ShopExample(Example):
     def __init__(self, n_train: int = 512, n_eval: int = 64):
-        super().__init__(name="demo", settings=RolloutSettings(max_turns=4, max_tokens=48, temperature=1.0))
+        super().__init__(name="demo", settings=RolloutSettings(max_turns=4, max_tokens=48, temperature=0.6))
         self.n_train, self.n_eval = n_train, n_eval
 
     def train_tasks(self, seed: int) -> list[Task]:

@@ -3,7 +3,8 @@ often picks the wrong tool, so RL has something to fix.
 
     python -m examples.demo.warmstart [--out server/embedded/model]
 
-1. Build the base model from nothing (tokenizer + seeded random weights).
+1. Build the base model from nothing: tokenizer, seeded random weights, a short pretraining on
+   generic synthetic tool-use chats (server/embedded/build.py).
 2. Start art-server on it and warm-start a LoRA through the server's own SFT job, on synthetic
    demonstrations where a fixed share call the other tool and report its number.
 3. Merge the LoRA into the base weights and save the result.
@@ -15,21 +16,17 @@ import asyncio
 import os
 import random
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import typer
 
 from client import SFTConfig, TrainableModel
+from client.local_server import ROOT, LocalServer
 from client.types import Conversation
 from examples.demo import task as demo
 
-ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "server" / "embedded" / "model"
 
 
@@ -38,12 +35,6 @@ def demonstrations(n: int, mistake_rate: float, seed: int) -> list[Conversation]
     tasks = demo.make_example(n_train=n).train_tasks(seed)
     return [Conversation(messages=demo.demonstration(t, rng.random() < mistake_rate, rng), tools=demo.TOOLS)
             for t in tasks]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _sft(url: str, convs: list[Conversation], epochs: int, lr: float, rank: int) -> None:
@@ -55,27 +46,16 @@ async def _sft(url: str, convs: list[Conversation], epochs: int, lr: float, rank
               f"({time.time() - t0:.0f}s, {result.metrics['tokens_per_second']:.0f} tok/s)", flush=True)
 
 
-def main(out: Path = typer.Option(SHIPPED), n: int = 2000, epochs: int = 4, lr: float = 2e-3, rank: int = 64,
+def main(out: Path = typer.Option(SHIPPED), base: Path = typer.Option(None, help="A built base model to reuse."),
+         pretrain_steps: int = 500, n: int = 1000, epochs: int = 2, lr: float = 2e-3, rank: int = 16,
          mistake_rate: float = 0.6, seed: int = 0) -> None:
     from server.embedded.build import build_model
 
     work = Path(tempfile.mkdtemp(prefix="warmstart-"))
-    base = build_model(work / "base", seed=seed)
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "server.cli", "--model", str(base), "--port", str(port),
-                               "--data-dir", str(work / "data"), "--device", "cpu", "--log-level", "warning"], cwd=ROOT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        asyncio.run(_sft(url, demonstrations(n, mistake_rate, seed), epochs, lr, rank))
-    finally:
-        server.terminate()
-        server.wait()
+    if base is None:
+        base = build_model(work / "base", seed=seed, pretrain_steps=pretrain_steps)
+    with LocalServer(work / "data", model=base, extra=["--device", "cpu"]) as server:
+        asyncio.run(_sft(server.url, demonstrations(n, mistake_rate, seed), epochs, lr, rank))
     merge(base, work / "data" / "runs" / "warmstart" / "checkpoints", out)
     shutil.rmtree(work, ignore_errors=True)
     print(f"wrote {out}")

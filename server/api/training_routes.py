@@ -179,6 +179,16 @@ async def log_groups(name: str, body: LogRequest, request: Request) -> dict[str,
     step = body.step if body.step is not None else run.step
     rows = [(gi, ti, t.reward, t.model_dump(mode="json")) for gi, g in enumerate(groups) for ti, t in enumerate(g.trajectories)]
     await asyncio.to_thread(state.store.put_trajectories, name, step, body.split, rows)
+    if state.exports is not None:  # queued; a slow exporter never delays this answer
+        state.exports.submit(name, step, body.split, groups)
     rewards = [r[2] for r in rows]
     return {"stored": len(rows), "step": step, "split": body.split,
             "reward_mean": sum(rewards) / len(rewards) if rewards else None}
+
+
+@router.get("/v1/runs/{name}/trajectories")
+async def list_trajectories(name: str, request: Request, step: int | None = None, split: str | None = None) -> dict[str, Any]:
+    """Stored trajectories with their token ids and logprobs (what was trained or logged)."""
+    _run(request, name)
+    rows = await asyncio.to_thread(_state(request).store.trajectories, name, step, split)
+    return {"data": rows}

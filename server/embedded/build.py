@@ -34,9 +34,8 @@ _FILLER = (
 
 
 def corpus(n_conversations: int = 3000, seed: int = 0) -> list[str]:
-    """Synthetic chat transcripts in the model's own format: the demo task, tool traffic in
-    JSON, numbers and plain English filler, so common pieces become single tokens."""
-    from examples.demo import task as demo
+    """Synthetic chat transcripts in the model's own format: tool traffic in JSON, numbers and
+    plain English filler, so common pieces become single tokens."""
     from server.embedded.corpus import conversation
 
     rng = random.Random(seed)
@@ -44,10 +43,6 @@ def corpus(n_conversations: int = 3000, seed: int = 0) -> list[str]:
     for _ in range(n_conversations):
         msgs, tools = conversation(rng)
         texts.append(render_text(msgs, tools, add_generation_prompt=False))
-    example = demo.make_example(n_train=n_conversations)
-    for t in example.train_tasks(seed):
-        msgs = demo.demonstration(t, mistake=rng.random() < 0.5, rng=rng)
-        texts.append(render_text(msgs, demo.TOOLS, add_generation_prompt=False))
     for _ in range(n_conversations):
         words = " ".join(rng.choice(_FILLER) for _ in range(rng.randint(5, 30)))
         num = str(rng.randint(0, 100000))
@@ -57,12 +52,22 @@ def corpus(n_conversations: int = 3000, seed: int = 0) -> list[str]:
     return texts
 
 
+# Qwen2's pre-tokenizer: digits one by one, so a number is copied digit by digit. transformers
+# applies this split when it loads a qwen2 tokenizer whatever the file says, so training the BPE
+# with anything else gives a model that never saw numbers the way they are served.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -114,7 +119,7 @@ def pretrain(model, tokenizer, steps: int, batch_size: int = 16, lr: float = 2e-
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        recent.append(float(loss))
+        recent.append(loss.item())
         if (step + 1) % 50 == 0 or step + 1 == steps:
             print(f"pretrain step {step + 1}/{steps}: loss {sum(recent) / len(recent):.3f} "
                   f"({time.time() - started:.0f}s)", flush=True)
@@ -128,10 +133,17 @@ def build_model(out: Path, hidden: int = 256, layers: int = 4, heads: int = 4, k
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+    from transformers import AutoTokenizer
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size, seed)
-    tokenizer.save_pretrained(out)
+    built = build_tokenizer(vocab_size, seed)
+    built.save_pretrained(out)
+    # Train with the tokenizer exactly as the server will load it, and prove they agree.
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    for text in corpus(50, seed + 7):
+        if tokenizer.encode(text, add_special_tokens=False) != built.encode(text, add_special_tokens=False):
+            raise RuntimeError("the saved tokenizer does not tokenize like the one that was trained")
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,

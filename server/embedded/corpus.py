@@ -1,9 +1,9 @@
 """Synthetic tool-use conversations for pretraining the embedded base model.
 
-They teach the format and the skill every tool-using agent needs (call a tool with a value
-copied from the question, then quote the number it returns) on made-up tools. The demo task's
-own tools (get_price, get_stock) never appear: learning those, and which one to call, is left
-to the warm-start SFT and to RL.
+They teach the format and the skill every tool-using agent needs (pick the tool the question is
+about, call it with a value copied from the question, then quote the number it returns) on
+made-up tools. Which tool a task's user really wants, and the habits of one task, are left to
+the warm-start SFT and to RL.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from typing import Any
 
 from examples.demo.task import ITEMS
 
-_TOOLS = [
-    ("get_weather", "city", "temperature"), ("get_balance", "account", "balance"), ("get_age", "person", "age"),
-    ("get_height", "building", "height"), ("get_score", "team", "score"), ("get_population", "town", "population"),
-    ("get_distance", "place", "distance"), ("get_rating", "movie", "rating"), ("get_weight", "animal", "weight"),
-    ("get_count", "thing", "count"), ("lookup_order", "order", "total"), ("lookup_user", "user", "points"),
-    ("find_room", "room", "floor"), ("check_speed", "car", "speed"), ("check_size", "box", "size"),
-]
+# Tool names are composed at random (verb_field), so the only way to fit this data is to copy:
+# the field from the question into the tool name, the parameter from the tool's schema, the value
+# from the question, and the number from the tool's result into the answer.
+_VERBS = ["get", "check", "find", "lookup", "fetch"]
+_FIELDS = ["temperature", "balance", "age", "height", "score", "population", "distance", "rating", "weight",
+           "count", "total", "points", "floor", "speed", "size", "price", "stock", "length", "width", "depth",
+           "volume", "capacity", "duration", "salary", "budget", "cost", "rank", "level", "grade", "year",
+           "number", "quantity", "limit", "fee", "tax", "discount", "area", "power", "voltage", "margin"]
+_PARAMS = ["item", "city", "user", "name", "id", "place", "thing", "product", "account", "code", "team", "car"]
 _WORDS = ITEMS + ["paris", "london", "tokyo", "alice", "bob", "carol", "red", "blue", "tigers", "lions", "tower",
                   "bridge", "river", "castle", "garden", "dog", "cat", "horse", "truck", "boat", "A12", "B7", "C33"]
 _QUESTIONS = ["What is the {field} of {value}?", "Tell me the {field} for {value}.", "{field} of {value}?",
@@ -36,7 +38,8 @@ def tool_schema(name: str, param: str, field: str) -> dict[str, Any]:
 
 
 def conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    picked = rng.sample(_TOOLS, rng.randint(2, 3))
+    fields = rng.sample(_FIELDS, rng.randint(2, 3))
+    picked = [(f"{rng.choice(_VERBS)}_{f}", rng.choice(_PARAMS), f) for f in fields]
     name, param, field = rng.choice(picked)
     value = rng.choice(_WORDS)
     n = rng.randint(2, 999)

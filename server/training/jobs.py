@@ -47,8 +47,11 @@ class Job:
 
 
 class JobManager:
-    def __init__(self, host: ModelHost, runs: RunManager, store: Store):
+    def __init__(self, host: ModelHost, runs: RunManager, store: Store, exports: Any = None,
+                 keep_trajectory_steps: int | None = None):
         self.host, self.runs, self.store = host, runs, store
+        self.keep_trajectory_steps = keep_trajectory_steps
+        self.exports = exports  # optional exporters (server/export): queued, never waited on
         self._queue: "queue.Queue[Job | None]" = queue.Queue()
         self._active: dict[str, Job] = {}
         self._lock = threading.Lock()
@@ -156,6 +159,10 @@ class JobManager:
             if result.trained and job.kind == "rl":
                 self.store.put_step(run.name, result.step, "rl", result.metrics, result.warnings,
                                     _trajectory_rows(job.payload))
+                if self.exports is not None:
+                    self.exports.submit(run.name, result.step, "train", job.payload)
+                if self.keep_trajectory_steps is not None:
+                    self.store.prune_trajectories(run.name, self.keep_trajectory_steps)
             elif result.trained:
                 self.store.put_step(run.name, result.step, "sft", result.metrics, result.warnings, [])
             job.status, job.result = "succeeded", result.model_dump()

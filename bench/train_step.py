@@ -1,0 +1,111 @@
+"""Training throughput of a real RL step vs a plain peft forward+backward+optimizer step.
+
+Samples demo-task rollouts from art-server on the embedded model, submits them as one training
+step (PPO loss, health metrics, checkpoint), and reads the step's own figures. The baseline,
+measured in the same run, trains the same token sequences in-process with plain peft: padded
+batches in submission order, cross-entropy, AdamW, nothing else.
+
+    python bench/train_step.py       # prints one JSON line last
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from client.local_server import ROOT, LocalServer  # noqa: E402
+
+GROUPS, GROUP_SIZE, BATCH = 8, 8, 8
+LORA = {"rank": 8, "alpha": 16}
+
+
+async def _step(url: str):
+    from client import TrainConfig, TrainableModel, TrajectoryGroup
+    from examples.demo import task as demo
+    from rollouts.agent import rollout
+
+    model = await TrainableModel("bench", lora=LORA).register(url)
+    client = model.openai_client(max_retries=0)
+    example = demo.make_example()
+    groups = []
+    for i, t in enumerate(example.train_tasks(0)[:GROUPS]):
+        trajs = await asyncio.gather(*(rollout(client, model.name, example.make_env(t), t, example.settings)
+                                       for _ in range(GROUP_SIZE)))
+        groups.append(TrajectoryGroup(trajectories=[tr.model_copy(update={"reward": float(j % 2)})
+                                                    for j, tr in enumerate(trajs)]))
+    # warm-up step, then the measured one
+    await model.train(groups, TrainConfig(learning_rate=1e-4))
+    result = await model.train(groups, TrainConfig(learning_rate=1e-4))
+    return groups, result
+
+
+def _sequences(groups, model_dir: Path):
+    """The same token sequences the server trained, rebuilt in-process."""
+    from transformers import AutoTokenizer
+
+    from server.chat.render import Renderer
+    from server.training.assemble import assemble_trajectory
+
+    renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
+    out = []
+    for g in groups:
+        for t in g.trajectories:
+            seqs, _ = assemble_trajectory(t, renderer, lambda m: None)
+            out += [s.ids for s in seqs]
+    return out
+
+
+def _raw(model_dir: Path, sequences: list[list[int]]) -> float:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
+                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                             "up_proj", "down_proj"]))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+
+    def once() -> float:
+        started = time.perf_counter()
+        for i in range(0, len(sequences), BATCH):
+            batch = sequences[i:i + BATCH]
+            width = max(len(s) for s in batch)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            labels = torch.full((len(batch), width), -100)
+            for j, s in enumerate(batch):
+                ids[j, : len(s)] = torch.tensor(s)
+                labels[j, : len(s)] = torch.tensor(s)
+            model(input_ids=ids, attention_mask=(labels != -100).long(), labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return sum(len(s) for s in sequences) / (time.perf_counter() - started)
+
+    once()
+    return max(once() for _ in range(2))
+
+
+def main() -> None:
+    model_dir = ROOT / "server" / "embedded" / "model"
+    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    with LocalServer(work / "data", extra=["--device", "cpu"]) as server:
+        groups, result = asyncio.run(_step(server.url))
+    raw = _raw(model_dir, _sequences(groups, model_dir))
+    m = result.metrics
+    print(json.dumps({"train_tokens_per_s": round(m["tokens_per_second"], 1), "raw_fwd_bwd_tokens_per_s": round(raw, 1),
+                      "ratio": round(m["tokens_per_second"] / raw, 3), "padding_fraction": round(m["padding_fraction"], 4),
+                      "trajectories": sum(len(g.trajectories) for g in groups), "trainable_tokens": m["trainable_tokens"],
+                      "step_seconds": round(m["step_seconds"], 2)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Start an `art-server` on this machine, in a subprocess on a free loopback port.
+
+For scripts, demos, benchmarks and tests that want a real server without a GPU box. The server
+is a separate process exactly as in production; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Sequence
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalServer:
+    def __init__(self, data_dir: Path, model: Path | None = None, api_key: str | None = None,
+                 extra: Sequence[str] = (), log: Path | None = None, port: int | None = None):
+        self.data_dir, self.model, self.api_key, self.extra = Path(data_dir), model, api_key, list(extra)
+        self.port = port or free_port()
+        self.log_path = log or self.data_dir / f"server-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 180) -> "LocalServer":
+        cmd = [sys.executable, "-m", "server.cli", "--port", str(self.port), "--data-dir", str(self.data_dir),
+               "--log-level", "warning", *self.extra]
+        if self.model:
+            cmd += ["--model", str(self.model)]
+        env = dict(os.environ)
+        env.pop("ARTISAN_API_KEY", None)
+        if self.api_key:
+            env["ARTISAN_API_KEY"] = self.api_key
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"art-server exited with {self.proc.returncode}:\n"
+                                   f"{self.log_path.read_text(errors='replace')[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"art-server did not answer /health within {timeout:.0f}s; see {self.log_path}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as in a crash."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

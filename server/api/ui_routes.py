@@ -1,0 +1,162 @@
+"""The web UI: a static page under /ui and the JSON it reads under /ui/api.
+
+The page itself (HTML, JS, CSS) holds no data, so it loads without a key; every /ui/api route
+needs the same Bearer key as the rest of the API. When the server has a key, the page asks for
+it, keeps it in sessionStorage (gone when the tab closes) and sends it as `Authorization: Bearer`.
+A key in the URL would end up in browser history and proxy logs, hence no `?key=`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import FileResponse, RedirectResponse
+
+from server.api.auth import require_api_key
+from server.api.errors import APIError
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
+_MEDIA_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+# Everything the page needs comes from this server: a CDN script or an inline injection is refused.
+_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'")
+_PAGE_HEADERS = {"Content-Security-Policy": _CSP, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+
+page = APIRouter(include_in_schema=False)
+api = APIRouter(prefix="/ui/api", dependencies=[Depends(require_api_key)])
+
+
+@page.get("/ui")
+async def ui_redirect() -> RedirectResponse:
+    # The page uses relative URLs (static/..., api/...), which resolve under /ui/ only.
+    return RedirectResponse("/ui/")
+
+
+@page.get("/ui/")
+async def ui_index() -> FileResponse:
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=_PAGE_HEADERS)
+
+
+@page.get("/ui/static/{name}")
+async def ui_static(name: str) -> FileResponse:
+    # Only files that are in the folder by name: a crafted path never leaves it.
+    files = {p.name: p for p in STATIC_DIR.iterdir() if p.is_file()}
+    if name not in files or files[name].suffix not in _MEDIA_TYPES:
+        raise APIError(404, f"no UI file {name!r}", code="not_found")
+    return FileResponse(files[name], media_type=_MEDIA_TYPES[files[name].suffix], headers=_PAGE_HEADERS)
+
+
+def _state(request: Request):
+    return request.app.state.artisan
+
+
+def _json_safe(value: Any) -> Any:
+    """Trajectory metrics may hold NaN; a JSON response cannot. Same convention as step metrics."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _known_runs(request: Request) -> dict[str, dict[str, Any]]:
+    """Runs the server hosts, plus any the store remembers whose checkpoints are gone."""
+    state = _state(request)
+    out = {r["name"]: {"name": r["name"], "project": r["project"], "step": None} for r in state.store.runs()}
+    for name, run in state.runs.runs.items():
+        out[name] = {"name": name, "project": run.spec.project, "step": run.step}
+    return out
+
+
+def _require_run(request: Request, name: str) -> dict[str, Any]:
+    run = _known_runs(request).get(name)
+    if run is None:
+        raise APIError(404, f"run {name!r} does not exist", param="name", code="run_not_found")
+    return run
+
+
+def _curves(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        curves.setdefault(r["split"], []).append({"step": r["step"], "n": r["n"], "reward_mean": r["reward_mean"]})
+    return curves
+
+
+@api.get("/runs")
+async def ui_runs(request: Request) -> dict[str, Any]:
+    store = _state(request).store
+    runs = list(_known_runs(request).values())
+    for run in runs:
+        curves = _curves(await asyncio.to_thread(store.reward_by_step, run["name"]))
+        run["last_reward"] = curves["train"][-1]["reward_mean"] if curves.get("train") else None
+        run["last_eval_reward"] = curves["val"][-1]["reward_mean"] if curves.get("val") else None
+    return {"data": runs}
+
+
+@api.get("/runs/{name}")
+async def ui_run(name: str, request: Request) -> dict[str, Any]:
+    run = _require_run(request, name)
+    store = _state(request).store
+    steps = await asyncio.to_thread(store.steps, name)
+    curves = _curves(await asyncio.to_thread(store.reward_by_step, name))
+    return {**run, "steps": [{k: s[k] for k in ("step", "kind", "metrics", "warnings")} for s in steps],
+            "rewards": curves}
+
+
+@api.get("/runs/{name}/steps/{step}/groups")
+async def ui_step_groups(name: str, step: int, request: Request,
+                         split: str = Query("train", max_length=32)) -> dict[str, Any]:
+    """A step's groups, those with the widest reward spread first: where the learning signal is."""
+    _require_run(request, name)
+    rows = await asyncio.to_thread(_state(request).store.find_trajectories, name, step=step, split=split,
+                                   limit=100_000)
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["group_index"], []).append(r)
+    out = []
+    for gi, members in groups.items():
+        rewards = [m["reward"] for m in members]
+        shared = {k: v for k, v in members[0]["metadata"].items() if all(m["metadata"].get(k) == v for m in members)}
+        out.append({"group_index": gi, "n": len(members), "mean": sum(rewards) / len(rewards),
+                    "min": min(rewards), "max": max(rewards), "spread": max(rewards) - min(rewards),
+                    "metadata": shared,
+                    "trajectories": [{"id": m["id"], "traj_index": m["traj_index"], "reward": m["reward"]}
+                                     for m in members]})
+    out.sort(key=lambda g: (-g["spread"], g["group_index"]))
+    return _json_safe({"run": name, "step": step, "split": split, "data": out})
+
+
+@api.get("/runs/{name}/trajectories")
+async def ui_trajectories(name: str, request: Request, step: int | None = None,
+                          split: str | None = Query(None, max_length=32), group: int | None = None,
+                          min_reward: float | None = None, max_reward: float | None = None,
+                          meta_key: str | None = Query(None, max_length=200),
+                          meta_value: str | None = Query(None, max_length=1000),
+                          q: str | None = Query(None, max_length=1000),
+                          limit: int = Query(200, ge=1, le=5000)) -> dict[str, Any]:
+    """Summaries matching every filter given; messages and tokens come from /trajectories/{id}."""
+    _require_run(request, name)
+    rows = await asyncio.to_thread(_state(request).store.find_trajectories, name, step=step, split=split,
+                                   group=group, min_reward=min_reward, max_reward=max_reward,
+                                   meta_key=meta_key or None, meta_value=meta_value, text=q or None,
+                                   limit=limit + 1)
+    return _json_safe({"data": rows[:limit], "truncated": len(rows) > limit})
+
+
+@api.get("/trajectories/{traj_id}")
+async def ui_trajectory(traj_id: int, request: Request) -> dict[str, Any]:
+    row = await asyncio.to_thread(_state(request).store.trajectory, traj_id)
+    if row is None:
+        raise APIError(404, f"trajectory {traj_id} does not exist", code="trajectory_not_found")
+    return _json_safe(row)
+
+
+router = APIRouter()
+router.include_router(page)
+router.include_router(api)
