@@ -135,7 +135,7 @@ class TrainableModel:
         headers = {"Content-Type": "application/json"}
         for _ in range(3):  # resubmit only if the server restarted mid-job (same key: trains once)
             job = await self._request("POST", f"/v1/runs/{self.name}/jobs", content=payload, headers=headers)
-            event = await self._follow(job["job_id"])
+            event = await self._follow(job["job_id"], job.get("after", -1))
             if event["type"] == "result":
                 result = TrainResult.model_validate(event["data"])
                 self.step = result.step
@@ -144,9 +144,9 @@ class TrainableModel:
                 raise ServerError(f"training job {job['job_id']} failed: {event['data'].get('message')}")
         raise ServerError(f"training job was interrupted by server restarts three times: {event['data']}")
 
-    async def _follow(self, job_id: str) -> dict[str, Any]:
+    async def _follow(self, job_id: str, after: int = -1) -> dict[str, Any]:
         """Follow a job's events to its terminal one, reconnecting after the last seen event."""
-        last, delay = -1, 0.5
+        last, delay = after, 0.5
         while True:
             try:
                 async with self._http(timeout=None) as http:

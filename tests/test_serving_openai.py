@@ -98,9 +98,11 @@ def test_token_ids_decode_to_content_and_prompt_ids_are_the_template(client, tok
                 assert len(token_ids) == 24
             else:
                 assert choice.finish_reason == "stop" and token_ids[-1] in ids["eos"]
-            if not ids["tags"] & set(token_ids):  # tool-call tags are kept as text (tested in test_chat_render)
-                assert choice.message.content == tok.decode(token_ids, skip_special_tokens=True)
-                seen_plain += 1
+            # without tools nothing is parsed: the content is the sampled text, control tokens
+            # dropped and tool-call tags kept (the embedded agent often writes a call unasked)
+            shown = [t for t in token_ids if t not in tok.all_special_ids or t in ids["tags"]]
+            assert choice.message.content == tok.decode(shown, skip_special_tokens=False)
+            seen_plain += 1
             sampling = extra(choice, "sampling")
             assert sampling["temperature"] == 1.0 and sampling["logprob_temperature"] == 1.0
             assert sampling["policy"] == MODEL and sampling["step"] == 0
@@ -269,6 +271,8 @@ def build_tool_calling_model(out, tok) -> list[int]:
             layer.mlp.down_proj.weight.zero_()
         model.model.norm.weight.fill_(1.0)
         emb = model.model.embed_tokens.weight
+        # trained embeddings are correlated; random ones are near-orthogonal, so each bigram wins
+        emb.copy_(torch.randn(emb.shape, generator=torch.Generator().manual_seed(0)))
         head = torch.zeros_like(emb)
         for cur, nxt in zip(chain, chain[1:]):
             head[nxt] = 5.0 * emb[cur] / emb[cur].norm()

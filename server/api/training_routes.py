@@ -101,7 +101,8 @@ async def submit_job(name: str, body: JobRequest, request: Request) -> dict[str,
     except AssemblyError as e:
         raise APIError(400, str(e), param="groups", code="invalid_trajectory")
     job, created = state.jobs.submit(run, body.kind, body.idempotency_key, payload, config)
-    return {"job_id": job.id, "status": job.status, "created": created}
+    # Follow from `after`: a resubmitted interrupted job keeps its id and old events.
+    return {"job_id": job.id, "status": job.status, "created": created, "after": job.attempt_from - 1}
 
 
 @router.get("/v1/jobs/{job_id}")

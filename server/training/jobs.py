@@ -40,6 +40,7 @@ class Job:
     error: str | None = None
     created: float = field(default_factory=time.time)
     n_events: int = 0
+    attempt_from: int = 0  # first event of the current attempt (a resubmitted interrupted job runs again)
 
     def record(self) -> dict[str, Any]:
         return {"id": self.id, "run": self.run, "kind": self.kind, "idempotency_key": self.key,
@@ -111,7 +112,7 @@ class JobManager:
                           error=rec["error"], created=rec["created"])
                 return job, False
             job = Job(rec["id"] if rec else "job-" + uuid.uuid4().hex[:16], run.name, kind, key, payload, config)
-            job.n_events = len(self.store.events(job.id)) if rec else 0
+            job.n_events = job.attempt_from = len(self.store.events(job.id)) if rec else 0
             self._active[job.id] = job
             self.store.put_job(job.record())
         self._event(job, "queued", {"position": self._queue.qsize()})
