@@ -59,7 +59,8 @@ def _roofline(model_dir: Path, batch: int, prompt_ids: list[int]) -> float:
     kw = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
               max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, pad_token_id=0)
     with torch.inference_mode():
-        model.generate(ids[:2], **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+        model.generate(ids[:2], **{**kw, "attention_mask": torch.ones_like(ids[:2]), "max_new_tokens": 4,
+                                   "min_new_tokens": 4})  # warm-up
         best = 0.0
         for _ in range(2):
             started = time.perf_counter()
