@@ -93,20 +93,8 @@ def rl_step(host: ModelHost, runs: RunManager, run: Run, groups: list[Trajectory
         m.update(trained=False, step_seconds=time.time() - t0)
         return TrainResult(step=run.step, trained=False, metrics=_clean(m), warnings=step_warnings(m))
 
-    lr = _lr(host, cfg.learning_rate)
-    before = [p.detach().clone() for p in run.params]
-    ost = optimize(host, run.train_adapter, run.params, run.optimizer, sequences, cfg, lr, kind="rl")
-    m.update(ost.metrics())
-    m["lora_update_norm"] = _update_norm(run.params, before)
-    m["learning_rate"] = lr
-    m["step_seconds"] = time.time() - t0
-    m["tokens_per_second"] = ost.row_tokens * cfg.epochs / max(m["step_seconds"], 1e-9)
-    m["trained"] = ost.optimizer_steps > 0
-    warnings = step_warnings(m)
-    if not m["trained"]:
-        return TrainResult(step=run.step, trained=False, metrics=_clean(m), warnings=warnings)
-    _finish(runs, run, "rl", _clean(m), warnings, meta)
-    return TrainResult(step=run.step, trained=True, metrics=_clean(m), warnings=warnings)
+    m.update(_optimize_and_measure(host, run, sequences, cfg, cfg.learning_rate, "rl", t0))
+    return _conclude(runs, run, "rl", m, meta)
 
 
 def sft_step(host: ModelHost, runs: RunManager, run: Run, conversations: list[Conversation], cfg: SFTConfig,
@@ -116,21 +104,33 @@ def sft_step(host: ModelHost, runs: RunManager, run: Run, conversations: list[Co
     n_mini = max(1, math.ceil(len(sequences) / cfg.batch_size))
     as_train = TrainConfig(learning_rate=cfg.learning_rate, num_minibatches=n_mini, epochs=cfg.epochs,
                            max_tokens_per_microbatch=cfg.max_tokens_per_microbatch, max_grad_norm=cfg.max_grad_norm)
-    lr = _lr(host, cfg.learning_rate)
-    before = [p.detach().clone() for p in run.params]
-    ost = optimize(host, run.train_adapter, run.params, run.optimizer, sequences, as_train, lr, kind="sft",
-                   measure_kl=False)
     m: dict[str, Any] = {"conversations": len(sequences), "trainable_tokens": sum(s.n_loss_tokens for s in sequences)}
-    m.update(ost.metrics())
+    m.update(_optimize_and_measure(host, run, sequences, as_train, cfg.learning_rate, "sft", t0))
+    return _conclude(runs, run, "sft", m, meta)
+
+
+def _optimize_and_measure(host: ModelHost, run: Run, sequences: list, cfg: TrainConfig, learning_rate: float | None,
+                          kind: str, t0: float) -> dict[str, Any]:
+    """The optimisation pass and the figures only it can give (update norm, throughput)."""
+    lr = _lr(host, learning_rate)
+    before = [p.detach().clone() for p in run.params]
+    ost = optimize(host, run.train_adapter, run.params, run.optimizer, sequences, cfg, lr, kind=kind,
+                   measure_kl=kind == "rl")
+    m = ost.metrics()
     m["lora_update_norm"] = _update_norm(run.params, before)
     m["learning_rate"] = lr
     m["step_seconds"] = time.time() - t0
     m["tokens_per_second"] = ost.row_tokens * cfg.epochs / max(m["step_seconds"], 1e-9)
     m["trained"] = ost.optimizer_steps > 0
+    return m
+
+
+def _conclude(runs: RunManager, run: Run, kind: str, m: dict[str, Any], meta: dict[str, Any]) -> TrainResult:
+    """Warnings, and for a step that trained: checkpoint, publish, advance the step number."""
     warnings = step_warnings(m)
     if m["trained"]:
-        _finish(runs, run, "sft", _clean(m), warnings, meta)
-    return TrainResult(step=run.step, trained=m["trained"], metrics=_clean(m), warnings=warnings)
+        _finish(runs, run, kind, _clean(m), warnings, meta)
+    return TrainResult(step=run.step, trained=bool(m["trained"]), metrics=_clean(m), warnings=warnings)
 
 
 def _clean(m: dict[str, Any]) -> dict[str, Any]:
