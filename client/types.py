@@ -108,9 +108,6 @@ class Trajectory(BaseModel):
     def choices(self) -> list[Choice]:
         return [i for i in self.messages_and_choices if isinstance(i, Choice)]
 
-    def model_dump_json_safe(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
 
 class TrajectoryGroup(BaseModel):
     """The rollouts of one task. Exceptions are rollouts that failed for infrastructure reasons:

@@ -3,7 +3,6 @@ and the names it is served under (`run` = latest step, `run@N` = step N)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -222,6 +221,3 @@ class RunManager:
             policy = Policy(model, adapter, name, step)
             self.host.register_policy(model, policy)
         return policy
-
-    def run_json(self, run: Run) -> str:
-        return json.dumps(run.info())
