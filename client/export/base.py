@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
+
+import httpx
 
 from client.export.turns import Item
 
@@ -22,6 +24,23 @@ class Outcome:
     def fail(self, n: int, exc: BaseException) -> None:
         self.failed += n
         self.error = f"{type(exc).__name__}: {exc}"[:500]
+
+
+def send_each(items: list[Item], send: Callable[[Item], None]) -> Outcome:
+    """Deliver trajectories one by one over HTTP. A refused one (4xx/5xx) fails alone; a
+    transport failure means the endpoint is down or too slow, and the rest would wait the same
+    timeout, so they are counted as failed, not tried."""
+    out = Outcome()
+    for n, item in enumerate(items):
+        try:
+            send(item)
+            out.exported += 1
+        except httpx.TransportError as exc:
+            out.fail(len(items) - n, exc)
+            break
+        except Exception as exc:
+            out.fail(1, exc)
+    return out
 
 
 class Exporter(Protocol):

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from client.export.base import Outcome, env, require
+from client.export.base import Outcome, env, require, send_each
 from client.export.turns import Item, Turn, turns
 
 DEFAULT_BASE_URL = "https://api.openpipe.ai/api/v1"
@@ -40,19 +40,11 @@ class OpenPipeExporter:
                                   headers={"Authorization": f"Bearer {api_key}"})
 
     def export(self, items: list[Item]) -> Outcome:
-        out = Outcome()
-        for n, item in enumerate(items):
-            try:
-                for turn in turns(item.trajectory):
-                    self._http.post("/report", json=report(item, turn)).raise_for_status()
-                out.exported += 1
-            except httpx.TransportError as exc:
-                # Down or too slow: the rest would wait the same timeout, so they are counted, not tried.
-                out.fail(len(items) - n, exc)
-                break
-            except Exception as exc:  # a refused log (4xx/5xx) fails that trajectory only
-                out.fail(1, exc)
-        return out
+        def send(item: Item) -> None:
+            for turn in turns(item.trajectory):
+                self._http.post("/report", json=report(item, turn)).raise_for_status()
+
+        return send_each(items, send)
 
     def close(self) -> None:
         self._http.close()

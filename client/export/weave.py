@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from client.export.base import ExportConfigError, Outcome, env, require
+from client.export.base import ExportConfigError, Outcome, env, require, send_each
 from client.export.turns import Item, initial_messages, turns
 
 DEFAULT_URL = "https://trace.wandb.ai"
@@ -87,18 +87,8 @@ class WeaveExporter:
         self._http = httpx.Client(base_url=self.url, timeout=timeout, headers={"Authorization": f"Basic {auth}"})
 
     def export(self, items: list[Item]) -> Outcome:
-        out = Outcome()
-        for n, item in enumerate(items):
-            try:
-                self._http.post("/call/upsert_batch", json=upsert_batch(calls(item, self.project))).raise_for_status()
-                out.exported += 1
-            except httpx.TransportError as exc:
-                # Down or too slow: the rest would wait the same timeout, so they are counted, not tried.
-                out.fail(len(items) - n, exc)
-                break
-            except Exception as exc:  # a refused batch (4xx/5xx) fails that trajectory only
-                out.fail(1, exc)
-        return out
+        return send_each(items, lambda item: self._http.post(
+            "/call/upsert_batch", json=upsert_batch(calls(item, self.project))).raise_for_status())
 
     def close(self) -> None:
         self._http.close()

@@ -69,16 +69,27 @@ class JobManager:
 
     # ---- recovery --------------------------------------------------------------------------
     def _recover(self) -> None:
+        """Reconcile the store with the checkpoints, which are the truth after a crash: a step
+        that reached its checkpoint gets its store row, a job whose step did is completed, and
+        every other unfinished job is marked interrupted."""
+        done_by_job: dict[str, dict[str, Any]] = {}
         for run in self.runs.runs.values():
+            stored = {s["step"] for s in self.store.steps(run.name)}
             for step in checkpoints.steps(run.checkpoint_dir):
                 meta = checkpoints.read_meta(run.checkpoint_dir, step)
-                if meta.get("kind") in ("rl", "sft") and not any(s["step"] == step for s in self.store.steps(run.name)):
+                if meta.get("kind") not in ("rl", "sft"):
+                    continue
+                if step not in stored:
                     self.store.put_step(run.name, step, meta["kind"], meta.get("metrics", {}), meta.get("warnings", []), [])
+                if meta.get("job_id"):
+                    done_by_job[meta["job_id"]] = TrainResult(
+                        step=step, trained=True, metrics=meta.get("metrics", {}), warnings=meta.get("warnings", []),
+                        job_id=meta["job_id"]).model_dump()
         for status in ("queued", "running"):
             for rec in self.store.jobs(status):
                 job = Job(rec["id"], rec["run"], rec["kind"], rec["idempotency_key"], created=rec["created"])
                 job.n_events = len(self.store.events(job.id))
-                done = self._completed_in_checkpoint(job)
+                done = done_by_job.get(job.id)
                 if done is not None:
                     job.status, job.result = "succeeded", done
                     self._event(job, "result", done)
@@ -86,17 +97,6 @@ class JobManager:
                     job.status, job.error = "interrupted", "the server restarted before this job finished; resubmit it"
                     self._event(job, "interrupted", {"message": job.error})
                 self.store.put_job(job.record())
-
-    def _completed_in_checkpoint(self, job: Job) -> dict[str, Any] | None:
-        run = self.runs.runs.get(job.run)
-        if run is None:
-            return None
-        for step in checkpoints.steps(run.checkpoint_dir):
-            meta = checkpoints.read_meta(run.checkpoint_dir, step)
-            if meta.get("job_id") == job.id:
-                return TrainResult(step=step, trained=True, metrics=meta.get("metrics", {}),
-                                   warnings=meta.get("warnings", []), job_id=job.id).model_dump()
-        return None
 
     # ---- submit / follow -------------------------------------------------------------------
     def submit(self, run: Run, kind: str, key: str | None, payload: Any, config: Any) -> tuple[Job, bool]:
