@@ -152,6 +152,9 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(default=0.0, ge=0)
     # A group whose reward spread (max - min) is below this has no signal and is dropped.
     min_group_reward_spread: float = Field(default=1e-6, ge=0)
+    # Dropped groups still count in the loss normaliser, as they would at advantage 0 (see
+    # server/training/losses.py:signal_share); False normalises over the trained groups alone.
+    count_dropped_groups: bool = True
     # A rebuilt context that differs from what the sampler saw is never trained silently.
     skip_mismatched_prompts: bool = True
 

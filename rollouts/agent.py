@@ -66,7 +66,8 @@ async def rollout(client: AsyncOpenAI, model: str, env: Environment, task: Task,
         try:
             response = await retry.call(lambda: client.chat.completions.create(
                 model=model, messages=messages, tools=env.tools or openai.NOT_GIVEN,
-                max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p))
+                max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
+                seed=openai.NOT_GIVEN if settings.seed is None else settings.seed))
         except openai.BadRequestError as exc:
             if not _is_context_overflow(exc):
                 raise

@@ -69,6 +69,7 @@ class RolloutSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     max_context_tokens: int | None = None  # None: no client-side limit
+    seed: int | None = None  # server-side sampling seed, for reproducible rollouts in tests
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Learning is the product: a short GRPO run on the embedded model must raise its reward.
 
-The task is synthetic and single-turn: the reward is 1 when the sampled text calls `get_price`,
-whatever the question. At T=1 the warm-started model calls it about 20% of the time; eight
-steps take it to about 45% (measured 0.195 -> 0.453).
+The task is synthetic and single-turn: the reward is 1 when the sampled text calls `get_price`.
+At T=1 the warm-started model calls it about 18% of the time (it mostly answers from memory);
+eight steps take it to about half (measured 0.180 -> 0.508).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from openai import AsyncOpenAI
@@ -30,8 +31,10 @@ def test_rollout_records_choices_and_tool_messages(server):
     async def go():
         client = AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
         task = _demo_task()
+        settings = demo.make_example().settings
+        # seeded: the warm-started model often answers without a tool, and this test needs some calls
         trajs = await asyncio.gather(*(rollout(client, "artisan-tiny", demo.ShopEnv(task), task,
-                                               demo.make_example().settings) for _ in range(6)))
+                                               replace(settings, seed=i)) for i in range(8)))
         with_tools = [t for t in trajs if t.metrics["tool_calls"] > 0]
         assert with_tools, "the warm-started model calls tools"
         for t in trajs:
@@ -139,3 +142,27 @@ def test_client_side_never_imports_torch():
            "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_each_batch_of_rollouts_closes_its_client():
+    """A client left to the garbage collector stalled later batches for minutes (responses sat
+    unread in socket buffers); `client.train` closes each batch's client when the batch is done."""
+    from client.train import run_groups
+
+    clients: list[AsyncOpenAI] = []
+
+    class Model:
+        name = "m"
+
+        def openai_client(self, **kw):
+            clients.append(AsyncOpenAI(base_url=ep.url, api_key="x", **kw))
+            return clients[-1]
+
+    async def go():
+        ep.replies = [completion("The price of tea is 7.") for _ in range(4)]
+        groups = await run_groups(Model(), demo.make_example(), [_demo_task(0), _demo_task(1)], 2, progress=False)
+        assert [len(g.trajectories) for g in groups] == [2, 2]
+
+    with ScriptedEndpoint() as ep:
+        asyncio.run(go())
+    assert len(clients) == 1 and clients[0].is_closed()

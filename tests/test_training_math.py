@@ -94,6 +94,21 @@ def test_aggregation_does_not_depend_on_microbatch_cut(mode):
     assert float(whole) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean", "constant"])
+def test_dropping_constant_groups_leaves_the_loss_as_plain_grpo_has_it(mode):
+    """Two trained sequences (3 and 2 tokens) and a dropped group of two (4 and 1 tokens): the
+    scaled loss over the trained ones equals the loss with the dropped ones kept at advantage 0."""
+    trained = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    seq = torch.tensor([0, 0, 0, 1, 1])
+    kept = torch.cat([trained, torch.zeros(5)])  # a zero advantage gives a zero per-token loss
+    kept_seq = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])
+    plain = losses.aggregate(kept, kept_seq, mode, 10, 4, 10, torch.tensor([3.0, 2.0, 4.0, 1.0]))
+    share = losses.signal_share(mode, trained_tokens=5, trained_seqs=2, dropped_tokens=5, dropped_seqs=2)
+    scaled = share * losses.aggregate(trained, seq, mode, 5, 2, 10, torch.tensor([3.0, 2.0]))
+    assert float(scaled) == pytest.approx(float(plain))
+    assert losses.signal_share(mode, 5, 2, 0, 0) == 1.0
+
+
 def test_plan_respects_budget_and_sorts_by_length():
     lengths = [100, 300, 120, 290, 50]
     batches = plan(lengths, 600)

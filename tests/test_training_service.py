@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import random
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -16,14 +17,17 @@ from rollouts.agent import rollout
 
 
 async def _groups(model: TrainableModel, n_groups: int, size: int, seed: int = 0) -> list[TrajectoryGroup]:
-    """Real multi-turn, tool-calling rollouts of the demo task, sampled from the server."""
+    """Real multi-turn, tool-calling rollouts of the demo task, sampled from the server. Seeded:
+    the warm-started model often skips the tool, and a test that needs tool calls must not ride
+    on sampling luck."""
     example = demo.make_example()
     tasks = example.train_tasks(seed)[:n_groups]
     client = model.openai_client(max_retries=0)
     out = []
-    for t in tasks:
-        trajs = await asyncio.gather(*(rollout(client, model.name, example.make_env(t), t, example.settings)
-                                       for _ in range(size)))
+    for g, t in enumerate(tasks):
+        trajs = await asyncio.gather(*(rollout(client, model.name, example.make_env(t), t,
+                                               replace(example.settings, seed=seed * 1000 + g * size + i))
+                                       for i in range(size)))
         out.append(TrajectoryGroup(trajectories=list(trajs)))
     return out
 
@@ -46,6 +50,35 @@ def test_constant_rewards_train_nothing_and_say_so(server):
             assert result.step == 0 and await model.get_step() == 0
             assert result.metrics["groups_dropped_constant"] == 2
             assert any("same reward" in w for w in result.warnings)
+    asyncio.run(go())
+
+
+def test_a_dropped_group_still_counts_in_the_loss_normaliser(server):
+    async def go():
+        model = await TrainableModel("share").register(server.url)
+        groups = _with_rewards(await _groups(model, 2, 4, seed=3), [[1, 1, 1, 1], [0, 1, 0, 1]])
+        result = await model.train(groups, TrainConfig(learning_rate=1e-3))
+        m = result.metrics
+        assert result.trained and m["groups_dropped_constant"] == 1
+        dropped = sum(len(c.token_ids) for t in groups[0].trajectories for c in t.choices())
+        assert m["signal_share"] == pytest.approx(m["trainable_tokens"] / (m["trainable_tokens"] + dropped))
+        plain = await model.train(groups, TrainConfig(learning_rate=1e-3, count_dropped_groups=False))
+        assert plain.metrics["signal_share"] == 1.0
+    asyncio.run(go())
+
+
+def test_weight_decay_is_applied(server):
+    """At step one a LoRA's B is zero, so A gets no gradient: only decoupled weight decay moves it."""
+    async def go():
+        groups = None
+        norms = {}
+        for wd in (0.0, 50.0):  # lr * wd = 5%: A shrinks by 5% in one step
+            model = await TrainableModel(f"wd-{wd}", lora={"seed": 7}).register(server.url)
+            if groups is None:
+                groups = _with_rewards(await _groups(model, 1, 4, seed=4), [[0, 1, 0, 1]])
+            result = await model.train(groups, TrainConfig(learning_rate=1e-3, weight_decay=wd))
+            norms[wd] = result.metrics["lora_update_norm"]
+        assert norms[50.0] > norms[0.0] * 1.2, norms
     asyncio.run(go())
 
 

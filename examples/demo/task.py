@@ -1,9 +1,14 @@
-"""The demo task: a tiny shop assistant that must look things up before it answers.
+"""The demo task: a tiny shop assistant that must look a price up before it answers.
 
-The user asks for an item's price or its stock. The right move is to call the matching tool
-with the item's name, then answer with the number the tool returned. Numbers are drawn per task,
-so they can only come from the tool. Reward 1 only for the right tool, the right item and the
-right number in the final answer; metrics show which part went wrong.
+The user asks for an item's price. The right move is to call `get_price` with the item's name,
+then answer with the number the tool returned. Prices are drawn per task, so they can only come
+from the tool. The warm-started model often skips the lookup and answers with a made-up price,
+fluent and wrong: the habit RL has to unlearn. Reward 1 only for a lookup of the right item and
+the right number in the final answer; metrics show which part went wrong.
+
+One kind of question on purpose: the embedded model is too small to learn, from a warm start,
+which of two tools a question asks for (its choice at the tool-name token did not depend on the
+question at all), so a two-tool demo would measure that limit instead of RL.
 """
 
 from __future__ import annotations
@@ -23,37 +28,25 @@ ITEMS = [
     "pencil", "notebook", "stapler", "scissors", "bottle", "basket", "hammer", "ladder",
 ]
 
-SYSTEM_PROMPT = "You are a shop assistant. Look up prices and stock with the tools, then answer."
+SYSTEM_PROMPT = "You are a shop assistant. Look up prices with the tool, then answer."
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "get_price", "description": "Price of an item in dollars.",
      "parameters": {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}}},
-    {"type": "function", "function": {"name": "get_stock", "description": "Units of an item in stock.",
-     "parameters": {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}}},
 ]
 # Phrased like the base model's pretraining chats (server/embedded/corpus.py), so the warm start
-# only has to teach these two tools.
-QUESTIONS = {
-    "price": ["What is the price of {item}?", "Tell me the price for {item}.", "price of {item}?",
-              "I need the price of {item}, please.", "Can you check the price of {item}?"],
-    "stock": ["What is the stock of {item}?", "Tell me the stock for {item}.", "stock of {item}?",
-              "I need the stock of {item}, please.", "Can you check the stock of {item}?"],
-}
-TOOL_FOR = {"price": "get_price", "stock": "get_stock"}
+# only has to teach this tool.
+QUESTIONS = ["What is the price of {item}?", "Tell me the price for {item}.", "price of {item}?",
+             "I need the price of {item}, please.", "Can you check the price of {item}?"]
 
 
 def make_task(rng: random.Random, item: str, index: int, split: str) -> Task:
-    kind = rng.choice(["price", "stock"])
-    question = rng.choice(QUESTIONS[kind]).format(item=item)
-    return Task(
-        id=f"{split}-{index}",
-        data={"item": item, "kind": kind, "question": question,
-              "price": rng.randint(2, 99), "stock": rng.randint(2, 99)},
-        metadata={"kind": kind, "item": item, "split": split},
-    )
+    question = rng.choice(QUESTIONS).format(item=item)
+    return Task(id=f"{split}-{index}", data={"item": item, "question": question, "price": rng.randint(2, 99)},
+                metadata={"item": item, "split": split})
 
 
-def answer_text(kind: str, item: str, value: int) -> str:
-    return f"The {kind} of {item} is {value}."
+def answer_text(item: str, price: int) -> str:
+    return f"The price of {item} is {price}."
 
 
 class ShopEnv(Environment):
@@ -68,43 +61,41 @@ class ShopEnv(Environment):
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
         self.calls.append((name, arguments))
-        if name not in ("get_price", "get_stock"):
+        if name != "get_price":
             raise ToolError(f"unknown tool {name!r}")
         item = arguments.get("item")
         if item != self.task.data["item"]:
             raise ToolError(f"unknown item {item!r}")
-        key = "price" if name == "get_price" else "stock"
-        return {"item": item, key: self.task.data[key]}
+        return {"item": item, "price": self.task.data["price"]}
 
     async def score(self, messages: list[Message]) -> Score:
         d = self.task.data
-        right_tool = any(n == TOOL_FOR[d["kind"]] and a.get("item") == d["item"] for n, a in self.calls)
+        looked_up = any(n == "get_price" and a.get("item") == d["item"] for n, a in self.calls)
         final = messages[-1] if messages and messages[-1].get("role") == "assistant" else {}
         text = final.get("content") or ""
-        numbers = {int(n) for n in re.findall(r"\d+", text)}
-        right_number = d[d["kind"]] in numbers
-        success = right_tool and right_number and not final.get("tool_calls")
+        right_number = d["price"] in {int(n) for n in re.findall(r"\d+", text)}
+        success = looked_up and right_number and not final.get("tool_calls")
         return Score(
             reward=1.0 if success else 0.0,
-            metrics={"right_tool": right_tool, "right_number": right_number, "tool_calls": len(self.calls)},
+            metrics={"looked_up": looked_up, "right_number": right_number, "tool_calls": len(self.calls)},
         )
 
 
 def demonstration(task: Task, mistake: bool, rng: random.Random) -> list[Message]:
-    """A worked conversation for warm-start SFT. A mistake calls the other tool and reports its
-    number, which looks fluent but earns no reward: the habit RL has to unlearn."""
+    """A worked conversation for warm-start SFT. A mistake skips the lookup and states a made-up
+    price: it reads as well as the right answer and earns nothing."""
     d = task.data
-    kind = d["kind"] if not mistake else ("stock" if d["kind"] == "price" else "price")
-    tool = TOOL_FOR[kind]
-    result = {"item": d["item"], kind: d[kind]}
+    system_and_user = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": d["question"]}]
+    if mistake:
+        guess = rng.choice([n for n in range(2, 100) if n != d["price"]])
+        return [*system_and_user, {"role": "assistant", "content": answer_text(d["item"], guess)}]
     call_id = f"call_{rng.randrange(16**8):08x}"
     return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": d["question"]},
+        *system_and_user,
         {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": tool, "arguments": json.dumps({"item": d["item"]})}}]},
-        {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)},
-        {"role": "assistant", "content": answer_text(kind, d["item"], d[kind])},
+            {"id": call_id, "type": "function", "function": {"name": "get_price", "arguments": json.dumps({"item": d["item"]})}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": json.dumps({"item": d["item"], "price": d["price"]})},
+        {"role": "assistant", "content": answer_text(d["item"], d["price"])},
     ]
 
 

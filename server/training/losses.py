@@ -62,3 +62,16 @@ def aggregate(token_loss, seq_index, mode: str, n_tokens: int, n_seqs: int, cons
     if mode == "constant":
         return token_loss.sum() / (max(n_seqs, 1) * constant)
     raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def signal_share(mode: str, trained_tokens: int, trained_seqs: int, dropped_tokens: int, dropped_seqs: int) -> float:
+    """The share of a step's loss normaliser that carries signal.
+
+    Dropping constant-reward groups saves compute; it must not change the step. Plain GRPO keeps
+    them at advantage 0, where they add nothing to the loss but count in its normaliser. Scaling
+    the loss by this share gives that gradient back, so a step where most groups already agree
+    (late in training) moves the adapter less instead of amplifying its few noisy groups.
+    """
+    if mode == "token_mean":
+        return trained_tokens / max(trained_tokens + dropped_tokens, 1)
+    return trained_seqs / max(trained_seqs + dropped_seqs, 1)

@@ -78,10 +78,11 @@ def _forward_logprobs(host: Any, mb, grad: bool):
 
 def optimize(host: Any, adapter: str, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
              sequences: list[TrainSequence], cfg: TrainConfig, lr: float, kind: str = "rl",
-             measure_kl: bool = True) -> OptimizeStats:
+             measure_kl: bool = True, loss_scale: float = 1.0) -> OptimizeStats:
     stats = OptimizeStats()
     for group in optimizer.param_groups:
         group["lr"] = lr
+        group["weight_decay"] = cfg.weight_decay
     n_mini = min(cfg.num_minibatches, len(sequences))
     minibatches = [sequences[i::n_mini] for i in range(n_mini)]
     for epoch in range(cfg.epochs):
@@ -107,8 +108,8 @@ def optimize(host: Any, adapter: str, params: list[torch.nn.Parameter], optimize
                         token_loss = token_loss + cfg.kl_coef * kl
                     stats.kl_sum += float(kl.detach().sum())
                     stats.kl_tokens += mb.n_loss_tokens
-                loss = losses.aggregate(token_loss, mb.seq_index, cfg.loss_aggregation, n_tokens, len(mini),
-                                        cfg.constant_normalizer, seq_lengths)
+                loss = loss_scale * losses.aggregate(token_loss, mb.seq_index, cfg.loss_aggregation, n_tokens,
+                                                     len(mini), cfg.constant_normalizer, seq_lengths)
                 loss.backward()
                 with torch.no_grad():
                     if epoch == 0:

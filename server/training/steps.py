@@ -13,12 +13,13 @@ from typing import Any, Callable
 
 import torch
 
-from client.types import Conversation, SFTConfig, TrainConfig, TrainResult, TrajectoryGroup
+from client.types import Conversation, SFTConfig, TrainConfig, TrainResult, TrajectoryGroup, choice_token_ids
 from server.model_host import ModelHost
 from server.training.advantages import awr_weights, group_advantages
 from server.training.assemble import AssemblyError, AssemblyStats, assemble_sft, assemble_trajectory, validate_choice
 from server.training.health import step_warnings
 from server.training.hyperparams import default_learning_rate
+from server.training.losses import signal_share
 from server.training.optimize import optimize
 from server.training.runs import Run, RunManager
 
@@ -69,10 +70,13 @@ def rl_step(host: ModelHost, runs: RunManager, run: Run, groups: list[Trajectory
     }
     stats = AssemblyStats()
     sequences = []
+    dropped_tokens = dropped_seqs = 0
     for gi, g in enumerate(groups):
         adv = group_advantages([t.reward for t in g.trajectories], cfg.scale_rewards, cfg.min_group_reward_spread)
         if adv.advantages is None:
             m["groups_dropped_constant"] += 1
+            dropped_seqs += len(g.trajectories)
+            dropped_tokens += sum(len(choice_token_ids(c) or []) for t in g.trajectories for c in t.choices())
             continue
         weights = awr_weights(adv.advantages) if cfg.loss == "awr" else [1.0] * len(adv.advantages)
         group_seqs = []
@@ -93,7 +97,11 @@ def rl_step(host: ModelHost, runs: RunManager, run: Run, groups: list[Trajectory
         m.update(trained=False, step_seconds=time.time() - t0)
         return TrainResult(step=run.step, trained=False, metrics=_clean(m), warnings=step_warnings(m))
 
-    m.update(_optimize_and_measure(host, run, sequences, cfg, cfg.learning_rate, "rl", t0))
+    share = 1.0
+    if cfg.count_dropped_groups:
+        share = signal_share(cfg.loss_aggregation, m["trainable_tokens"], len(sequences), dropped_tokens, dropped_seqs)
+    m["signal_share"] = share
+    m.update(_optimize_and_measure(host, run, sequences, cfg, cfg.learning_rate, "rl", t0, share))
     return _conclude(runs, run, "rl", m, meta)
 
 
@@ -110,12 +118,12 @@ def sft_step(host: ModelHost, runs: RunManager, run: Run, conversations: list[Co
 
 
 def _optimize_and_measure(host: ModelHost, run: Run, sequences: list, cfg: TrainConfig, learning_rate: float | None,
-                          kind: str, t0: float) -> dict[str, Any]:
+                          kind: str, t0: float, loss_scale: float = 1.0) -> dict[str, Any]:
     """The optimisation pass and the figures only it can give (update norm, throughput)."""
     lr = _lr(host, learning_rate)
     before = [p.detach().clone() for p in run.params]
     ost = optimize(host, run.train_adapter, run.params, run.optimizer, sequences, cfg, lr, kind=kind,
-                   measure_kl=kind == "rl")
+                   measure_kl=kind == "rl", loss_scale=loss_scale)
     m = ost.metrics()
     m["lora_update_norm"] = _update_norm(run.params, before)
     m["learning_rate"] = lr
