@@ -30,11 +30,19 @@ def _demo_task(i: int = 0):
 def test_rollout_records_choices_and_tool_messages(server):
     async def go():
         client = AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-        task = _demo_task()
-        settings = demo.make_example().settings
-        # seeded: the warm-started model often answers without a tool, and this test needs some calls
-        trajs = await asyncio.gather(*(rollout(client, "artisan-tiny", demo.ShopEnv(task), task,
-                                               replace(settings, seed=i)) for i in range(8)))
+
+        class AnyItemShop(demo.ShopEnv):  # a structured result for every call, even a miscopied item
+            async def call_tool(self, name, arguments):
+                return {"item": arguments.get("item"), "price": self.task.data["price"]}
+
+        # Seeded, at T=1, over several tasks: the warm-started model mostly answers without the
+        # tool (at T=0.6 nine times in ten), and this test needs some calls.
+        settings = replace(demo.make_example().settings, temperature=1.0)
+        tasks = [_demo_task(i) for i in range(8)]
+        # one seed per rollout: a seed shared across tasks would repeat the same random draws
+        trajs = await asyncio.gather(*(rollout(client, "artisan-tiny", AnyItemShop(t), t,
+                                               replace(settings, seed=i * 4 + s))
+                                       for i, t in enumerate(tasks) for s in range(4)))
         with_tools = [t for t in trajs if t.metrics["tool_calls"] > 0]
         assert with_tools, "the warm-started model calls tools"
         for t in trajs:

@@ -203,7 +203,7 @@ def test_logprobs_equal_a_full_forward_pass_under_batching(server, ref_model):
 
 def test_sampled_text_turn_is_spliced_back_by_its_exact_ids(client, tok, ids):
     messages = user("Start a story.")
-    first = client.chat.completions.create(model=MODEL, messages=messages, n=2, max_tokens=12, seed=21,
+    first = client.chat.completions.create(model=MODEL, messages=messages, n=6, max_tokens=24, seed=21,
                                            temperature=1.5)
     retokenized_differs = False
     for choice in first.choices:  # each of the n choices is remembered on its own

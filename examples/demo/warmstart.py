@@ -46,10 +46,11 @@ async def _sft(url: str, convs: list[Conversation], epochs: int, lr: float, rank
               f"({time.time() - t0:.0f}s, {result.metrics['tokens_per_second']:.0f} tok/s)", flush=True)
 
 
-# 3000 demonstrations at a 70% mistake rate leave 900 lookups: about what it takes for the item to
-# be copied into the tool call reliably (with 300 it was copied right about half the time at T=0.6).
+# 6000 demonstrations at a 70% mistake rate leave 1800 lookups, enough for the item to be copied
+# into the tool call reliably: its first token came out right 99% of the time at T=0.6, against
+# 95% after 900 lookups and 48% after 300; RL then only has to fix the habit. (About 8 minutes.)
 def main(out: Path = typer.Option(SHIPPED), base: Path = typer.Option(None, help="A built base model to reuse."),
-         pretrain_steps: int = 500, n: int = 3000, epochs: int = 2, lr: float = 2e-3, rank: int = 16,
+         pretrain_steps: int = 500, n: int = 6000, epochs: int = 2, lr: float = 2e-3, rank: int = 16,
          mistake_rate: float = 0.7, seed: int = 0) -> None:
     from server.embedded.build import build_model
 
