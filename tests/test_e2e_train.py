@@ -53,7 +53,9 @@ def test_client_train_raises_held_out_demo_reward(fresh_server, tmp_path):
     srv = fresh_server()
     out = tmp_path / "learn"
     # later options override the defaults above; the evals are at T=0.6, as the demo's settings say
-    proc = _train(srv, out, 5, "--groups-per-step", "8", "--group-size", "8", "--eval-every", "0",
+    # 16 groups per step as in `make demo`: with 8, a step now and then broke the tool-call format
+    # once the habit was fixed (see examples/demo/run_demo.py).
+    proc = _train(srv, out, 5, "--groups-per-step", "16", "--group-size", "8", "--eval-every", "0",
                   "--eval-tasks", "48", "--learning-rate", "2e-3", run="e2e-learn")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
