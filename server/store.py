@@ -216,19 +216,20 @@ def _strict_json(text: str) -> str:
     return json.dumps(json.loads(text, parse_constant=lambda _: None))
 
 
-def _finite(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
+    """`obj` with every NaN or infinity replaced by None, the convention of every stored figure."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_finite(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
 def _dumps(obj: Any) -> str:
     """JSON that every reader can parse: a NaN metric is stored as null (strict JSON has no NaN)."""
-    return json.dumps(_finite(obj))
+    return json.dumps(json_safe(obj))
 
 
 def _job(row: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,6 @@ A key in the URL would end up in browser history and proxy logs, hence no `?key=
 from __future__ import annotations
 
 import asyncio
-import math
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from fastapi.responses import FileResponse, RedirectResponse
 
 from server.api.auth import require_api_key
 from server.api.errors import APIError
+from server.store import json_safe
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
 _MEDIA_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
@@ -52,17 +52,6 @@ async def ui_static(name: str) -> FileResponse:
 
 def _state(request: Request):
     return request.app.state.artisan
-
-
-def _json_safe(value: Any) -> Any:
-    """Trajectory metrics may hold NaN; a JSON response cannot. Same convention as step metrics."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _known_runs(request: Request) -> dict[str, dict[str, Any]]:
@@ -129,7 +118,7 @@ async def ui_step_groups(name: str, step: int, request: Request,
                     "trajectories": [{"id": m["id"], "traj_index": m["traj_index"], "reward": m["reward"]}
                                      for m in members]})
     out.sort(key=lambda g: (-g["spread"], g["group_index"]))
-    return _json_safe({"run": name, "step": step, "split": split, "data": out})
+    return json_safe({"run": name, "step": step, "split": split, "data": out})
 
 
 @api.get("/runs/{name}/trajectories")
@@ -146,7 +135,7 @@ async def ui_trajectories(name: str, request: Request, step: int | None = None,
                                    group=group, min_reward=min_reward, max_reward=max_reward,
                                    meta_key=meta_key or None, meta_value=meta_value, text=q or None,
                                    limit=limit + 1)
-    return _json_safe({"data": rows[:limit], "truncated": len(rows) > limit})
+    return json_safe({"data": rows[:limit], "truncated": len(rows) > limit})
 
 
 @api.get("/trajectories/{traj_id}")
@@ -154,7 +143,7 @@ async def ui_trajectory(traj_id: int, request: Request) -> dict[str, Any]:
     row = await asyncio.to_thread(_state(request).store.trajectory, traj_id)
     if row is None:
         raise APIError(404, f"trajectory {traj_id} does not exist", code="trajectory_not_found")
-    return _json_safe(row)
+    return json_safe(row)
 
 
 router = APIRouter()
