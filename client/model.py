@@ -85,7 +85,8 @@ class TrainableModel:
         return self
 
     def openai_client(self, **kw: Any) -> AsyncOpenAI:
-        """An AsyncOpenAI client for this server; use `model=self.name` for the latest step."""
+        """An AsyncOpenAI client for this server; use `model=self.name` for the latest step. Close it
+        (`async with`) when done: unclosed clients stalled later requests (see client/train.py)."""
         if self.server_url is None:
             raise RuntimeError("call register(server_url) first")
         return AsyncOpenAI(base_url=self.server_url + "/v1", api_key=self.api_key or "EMPTY", **kw)
