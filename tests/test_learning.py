@@ -2,7 +2,8 @@
 
 The task is synthetic and single-turn: the reward is 1 when the sampled text calls `get_price`.
 At T=1 the warm-started model calls it about 18% of the time (it mostly answers from memory);
-eight steps take it to about half (measured 0.180 -> 0.508).
+eight steps take it to about half (measured 0.180 -> 0.500, 0.516, 0.500). Eight optimizer
+updates per step at lr 2e-3 were too much: one run in four collapsed to 0 and others stalled near 0.3.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def test_grpo_raises_reward_on_a_text_reward(server):
         trained = 0
         for step in range(STEPS):
             groups = await _sample(model, _prompts(seed=step, k=GROUPS), GROUP_SIZE, seed=step)
-            result = await model.train(groups, TrainConfig(learning_rate=2e-3, num_minibatches=4, epochs=2))
+            result = await model.train(groups, TrainConfig(learning_rate=1e-3, num_minibatches=4, epochs=2))
             trained += result.trained
             assert result.metrics.get("logprob_gap") is None or result.metrics["logprob_gap"] < 1e-3  # on-policy
         after = _mean(await _sample(model, held_out, 4, seed=999))

@@ -149,3 +149,14 @@ def test_warnings_speak_plainly():
     assert any("failed" in x for x in step_warnings({"trajectories_total": 1, "trajectories_excluded": 3, "trainable_tokens": 5}))
     assert step_warnings({"groups_total": 2, "groups_dropped_constant": 0, "trainable_tokens": 10, "trained": 1,
                           "lora_update_norm": 0.1, "logprob_gap": 0.0}) == []
+
+
+def test_a_collapse_is_told_from_a_solved_task():
+    no_signal = {"groups_total": 4, "groups_dropped_constant": 4, "trainable_tokens": 0}
+    learning = {"groups_trainable": 3, "reward_mean": 0.28}
+    assert any("collapse" in w for w in step_warnings({**no_signal, "reward_mean": 0.0}, learning))
+    assert not any("collapse" in w for w in step_warnings({**no_signal, "reward_mean": 1.0}, learning))  # solved
+    assert not any("collapse" in w for w in step_warnings({**no_signal, "reward_mean": 0.0}, {}))  # first step
+    # a step that itself had no signal is no evidence that the policy was working
+    assert not any("collapse" in w for w in step_warnings({**no_signal, "reward_mean": 0.0},
+                                                          {"groups_trainable": 0, "reward_mean": 0.5}))

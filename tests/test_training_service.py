@@ -53,6 +53,22 @@ def test_constant_rewards_train_nothing_and_say_so(server):
     asyncio.run(go())
 
 
+def test_a_collapse_is_named_by_the_step_that_suffers_it(server):
+    """A step with signal, then one where every rollout fails alike: what a policy broken by its last
+    update looks like (seen at lr 3e-3: every tool call malformed). The second step says so."""
+    async def go():
+        model = await TrainableModel("collapse").register(server.url)
+        groups = await _groups(model, 2, 4, seed=5)
+        first = await model.train(_with_rewards(groups, [[0, 1, 0, 1], [1, 0, 0, 0]]), TrainConfig(learning_rate=1e-4))
+        assert first.trained and not any("collapse" in w for w in first.warnings)
+        broken = await model.train(_with_rewards(groups, [[0, 0, 0, 0], [0, 0, 0, 0]]))
+        assert not broken.trained
+        assert any("Reward fell from 0.375" in w and "collapse" in w for w in broken.warnings), broken.warnings
+        solved = await model.train(_with_rewards(groups, [[1, 1, 1, 1], [1, 1, 1, 1]]))
+        assert not any("collapse" in w for w in solved.warnings)
+    asyncio.run(go())
+
+
 def test_a_dropped_group_still_counts_in_the_loss_normaliser(server):
     async def go():
         model = await TrainableModel("share").register(server.url)

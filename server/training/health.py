@@ -11,13 +11,20 @@ FAILED_LIMIT = 0.5
 CLIP_LIMIT = 0.3
 
 
-def step_warnings(m: dict[str, Any]) -> list[str]:
+def step_warnings(m: dict[str, Any], previous: dict[str, Any] | None = None) -> list[str]:
+    """`previous`: the figures of the run's last trained RL step, for the rules that compare steps."""
     w: list[str] = []
     total, constant = m.get("groups_total", 0), m.get("groups_dropped_constant", 0)
     if total and constant == total:
         w.append(f"All {total} groups had the same reward for every rollout, so no rollout was better than "
                  f"its siblings and there is no signal to learn from; nothing was trained. Use larger groups, "
                  f"or tasks that the model sometimes solves and sometimes fails.")
+        if _collapsed(m, previous or {}):
+            w.append(f"Reward fell from {previous['reward_mean']:.3g} at the last trained step to "
+                     f"{m['reward_mean']:.3g}, and now every rollout in every group scores the same: the last "
+                     f"update probably broke the policy (a collapse, often into one malformed output). Nothing "
+                     f"can train from here. Read a few completions, then resume from an earlier checkpoint "
+                     f"with a lower learning rate, more groups per step, or fewer minibatches and epochs.")
     elif constant and constant / max(total, 1) >= 0.5:
         w.append(f"{constant} of {total} groups had constant reward and were dropped: most of this batch "
                  f"carries no learning signal.")
@@ -56,3 +63,10 @@ def step_warnings(m: dict[str, Any]) -> list[str]:
     if m.get("skipped_optimizer_steps"):
         w.append(f"{m['skipped_optimizer_steps']} optimizer steps were skipped because the gradient was not finite.")
     return w
+
+
+def _collapsed(m: dict[str, Any], previous: dict[str, Any]) -> bool:
+    """A step with signal, then a lower reward that no rollout escapes: what a broken policy looks like.
+    (A run that solved its tasks also ends with constant groups, but at a higher reward.)"""
+    now, before = m.get("reward_mean"), previous.get("reward_mean")
+    return bool(previous.get("groups_trainable")) and now is not None and before is not None and now < before

@@ -15,6 +15,7 @@ import torch
 
 from client.types import Conversation, SFTConfig, TrainConfig, TrainResult, TrajectoryGroup, choice_token_ids
 from server.model_host import ModelHost
+from server.training import checkpoints
 from server.training.advantages import awr_weights, group_advantages
 from server.training.assemble import AssemblyError, AssemblyStats, assemble_sft, assemble_trajectory, validate_choice
 from server.training.health import step_warnings
@@ -44,6 +45,12 @@ def validate_groups(host: ModelHost, groups: list[TrajectoryGroup]) -> None:
 
 def _lr(host: ModelHost, configured: float | None) -> float:
     return configured if configured is not None else default_learning_rate(host.config.hidden_size)
+
+
+def _last_rl_metrics(run: Run) -> dict[str, Any]:
+    """The figures of the run's latest step, when it was an RL step (the latest checkpoint always exists)."""
+    meta = checkpoints.read_meta(run.checkpoint_dir, run.step)
+    return meta.get("metrics", {}) if meta.get("kind") == "rl" else {}
 
 
 def _update_norm(params: list[torch.nn.Parameter], before: list[torch.Tensor]) -> float:
@@ -95,7 +102,8 @@ def rl_step(host: ModelHost, runs: RunManager, run: Run, groups: list[Trajectory
 
     if m["trainable_tokens"] == 0:
         m.update(trained=False, step_seconds=time.time() - t0)
-        return TrainResult(step=run.step, trained=False, metrics=_clean(m), warnings=step_warnings(m))
+        warnings = step_warnings(m, _last_rl_metrics(run))
+        return TrainResult(step=run.step, trained=False, metrics=_clean(m), warnings=warnings)
 
     share = 1.0
     if cfg.count_dropped_groups:
