@@ -23,16 +23,15 @@ def _reward(choice) -> float:
 
 
 async def _sample(model: TrainableModel, prompts: list[list[dict]], n: int, seed: int) -> list[TrajectoryGroup]:
-    client = model.openai_client(max_retries=0)
-
-    async def group(i, msgs):
+    async def group(client, i, msgs):
         # seeded, so a run is reproducible and the assertion does not ride on sampling luck
         r = await client.chat.completions.create(model=model.name, messages=msgs, tools=demo.TOOLS, n=n,
                                                  max_tokens=40, temperature=1.0, seed=seed * 1000 + i)
         return TrajectoryGroup(trajectories=[Trajectory(messages_and_choices=msgs + [c], tools=demo.TOOLS,
                                                         reward=_reward(c)) for c in r.choices])
 
-    return list(await asyncio.gather(*(group(i, p) for i, p in enumerate(prompts))))
+    async with model.openai_client(max_retries=0) as client:
+        return list(await asyncio.gather(*(group(client, i, p) for i, p in enumerate(prompts))))
 
 
 def _prompts(seed: int, k: int) -> list[list[dict]]:

@@ -22,13 +22,13 @@ async def _groups(model: TrainableModel, n_groups: int, size: int, seed: int = 0
     on sampling luck."""
     example = demo.make_example()
     tasks = example.train_tasks(seed)[:n_groups]
-    client = model.openai_client(max_retries=0)
     out = []
-    for g, t in enumerate(tasks):
-        trajs = await asyncio.gather(*(rollout(client, model.name, example.make_env(t), t,
-                                               replace(example.settings, seed=seed * 1000 + g * size + i))
-                                       for i in range(size)))
-        out.append(TrajectoryGroup(trajectories=list(trajs)))
+    async with model.openai_client(max_retries=0) as client:
+        for g, t in enumerate(tasks):
+            trajs = await asyncio.gather(*(rollout(client, model.name, example.make_env(t), t,
+                                                   replace(example.settings, seed=seed * 1000 + g * size + i))
+                                           for i in range(size)))
+            out.append(TrajectoryGroup(trajectories=list(trajs)))
     return out
 
 
@@ -121,11 +121,11 @@ def test_on_policy_multiturn_step_is_token_exact_and_moves_the_lora(server):
                      "trajectories_excluded"):
             assert name in m and m[name] is not None and math.isfinite(m[name]), name
         # the run's name now serves step 1, and step 0 stays addressable
-        client = model.openai_client()
-        r = await client.chat.completions.create(model="onpolicy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        assert r.choices[0].sampling["step"] == 1
-        r0 = await client.chat.completions.create(model="onpolicy@0", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        assert r0.choices[0].sampling["step"] == 0
+        async with model.openai_client() as client:
+            r = await client.chat.completions.create(model="onpolicy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            assert r.choices[0].sampling["step"] == 1
+            r0 = await client.chat.completions.create(model="onpolicy@0", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            assert r0.choices[0].sampling["step"] == 0
     asyncio.run(go())
 
 

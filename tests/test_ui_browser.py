@@ -61,13 +61,13 @@ async def _eval_group(model: TrainableModel, rewards: list[float]) -> Trajectory
     the answer is a real sampled Choice with token ids and logprobs."""
     task = demo.make_example().eval_tasks()[0]
     context = demo.demonstration(task, False, random.Random(0))[:4]  # system, user, tool call, result
-    client = model.openai_client(max_retries=0)
     trajs = []
-    for r in rewards:
-        resp = await client.chat.completions.create(model=model.name, messages=context, tools=demo.TOOLS,
-                                                    max_tokens=24, temperature=1.0)
-        trajs.append(Trajectory(messages_and_choices=[*context, resp.choices[0]], tools=demo.TOOLS, reward=r,
-                                metadata={**task.metadata, "task_id": task.id}))
+    async with model.openai_client(max_retries=0) as client:
+        for r in rewards:
+            resp = await client.chat.completions.create(model=model.name, messages=context, tools=demo.TOOLS,
+                                                        max_tokens=24, temperature=1.0)
+            trajs.append(Trajectory(messages_and_choices=[*context, resp.choices[0]], tools=demo.TOOLS, reward=r,
+                                    metadata={**task.metadata, "task_id": task.id}))
     return TrajectoryGroup(trajectories=trajs)
 
 

@@ -15,6 +15,7 @@ import torch
 
 from client.types import Conversation, SFTConfig, TrainConfig, TrainResult, TrajectoryGroup, choice_token_ids
 from server.model_host import ModelHost
+from server.store import json_safe
 from server.training import checkpoints
 from server.training.advantages import awr_weights, group_advantages
 from server.training.assemble import AssemblyError, AssemblyStats, assemble_sft, assemble_trajectory, validate_choice
@@ -150,12 +151,5 @@ def _conclude(runs: RunManager, run: Run, kind: str, m: dict[str, Any], meta: di
 
 
 def _clean(m: dict[str, Any]) -> dict[str, Any]:
-    """JSON-safe figures: bools as ints, non-finite floats as None."""
-    out = {}
-    for k, v in m.items():
-        if isinstance(v, bool):
-            v = int(v)
-        if isinstance(v, float) and not math.isfinite(v):
-            v = None
-        out[k] = v
-    return out
+    """JSON-safe figures: bools as ints, non-finite floats as None (the store's convention)."""
+    return json_safe({k: int(v) if isinstance(v, bool) else v for k, v in m.items()})
