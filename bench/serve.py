@@ -73,7 +73,7 @@ def main() -> None:
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from server.chat.render import Renderer
+    from server.chat.format import ChatFormat
     from server.embedded.build import build_model
 
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
@@ -81,7 +81,8 @@ def main() -> None:
     meta = json.loads((model_dir / "artisan.json").read_text())
     (model_dir / "artisan.json").write_text(json.dumps({**meta, "name": "bench"}))
     n_params = sum(t.numel() for t in load_file(str(model_dir / "model.safetensors")).values())
-    prompt_ids = Renderer(AutoTokenizer.from_pretrained(model_dir)).render([{"role": "user", "content": PROMPT}])
+    prompt_ids = ChatFormat.build(AutoTokenizer.from_pretrained(model_dir)).renderer.render(
+        [{"role": "user", "content": PROMPT}]).ids
 
     with LocalServer(work / "data", model=model_dir, extra=["--device", "cpu"]) as server:
         results = {f"throughput_c{c}": asyncio.run(_client_load(server.url, c, n)) for c, n in ((1, 4), (8, 3), (32, 2))}

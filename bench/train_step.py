@@ -50,14 +50,14 @@ def _sequences(groups, model_dir: Path):
     """The same token sequences the server trained, rebuilt in-process."""
     from transformers import AutoTokenizer
 
-    from server.chat.render import Renderer
-    from server.training.assemble import assemble_trajectory
+    from server.chat.format import ChatFormat
+    from server.training.assemble import assemble_history
 
-    renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
+    chat = ChatFormat.build(AutoTokenizer.from_pretrained(model_dir))
     out = []
     for g in groups:
         for t in g.trajectories:
-            seqs, _ = assemble_trajectory(t, renderer, lambda m: None)
+            seqs, _ = assemble_history(t, chat)
             out += [s.ids for s in seqs]
     return out
 
@@ -101,10 +101,10 @@ def main() -> None:
         groups, result = asyncio.run(_step(server.url))
     raw = _raw(model_dir, _sequences(groups, model_dir))
     m = result.metrics
-    print(json.dumps({"train_tokens_per_s": round(m["tokens_per_second"], 1), "raw_fwd_bwd_tokens_per_s": round(raw, 1),
-                      "ratio": round(m["tokens_per_second"] / raw, 3), "padding_fraction": round(m["padding_fraction"], 4),
-                      "trajectories": sum(len(g.trajectories) for g in groups), "trainable_tokens": m["trainable_tokens"],
-                      "step_seconds": round(m["step_seconds"], 2)}))
+    print(json.dumps({"train_tokens_per_s": round(m.tokens_per_second, 1), "raw_fwd_bwd_tokens_per_s": round(raw, 1),
+                      "ratio": round(m.tokens_per_second / raw, 3), "padding_fraction": round(m.padding_fraction, 4),
+                      "trajectories": sum(len(g.trajectories) for g in groups), "trainable_tokens": m.trainable_tokens,
+                      "step_seconds": round(m.step_seconds, 2)}))
 
 
 if __name__ == "__main__":

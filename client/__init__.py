@@ -1,17 +1,11 @@
-"""What a user imports: the data model, TrainableModel, and gather. Never imports torch."""
+"""What a user imports: TrainableModel, gather, and the shared data model. Never imports torch."""
 
 from client.gather import TooManyExceptions, gather_trajectory_groups
 from client.model import ServerError, TrainableModel
-from client.types import (
-    Conversation,
-    SFTConfig,
-    TrainConfig,
-    TrainResult,
-    Trajectory,
-    TrajectoryGroup,
-)
+from protocol import (Conversation, History, SFTConfig, StepMetrics, TrainConfig, TrainResult, Trajectory,
+                      TrajectoryGroup)
 
 __all__ = [
-    "Conversation", "SFTConfig", "ServerError", "TrainConfig", "TrainResult", "TrainableModel", "Trajectory",
-    "TrajectoryGroup", "TooManyExceptions", "gather_trajectory_groups",
+    "Conversation", "History", "SFTConfig", "ServerError", "StepMetrics", "TrainConfig", "TrainResult",
+    "TrainableModel", "Trajectory", "TrajectoryGroup", "TooManyExceptions", "gather_trajectory_groups",
 ]

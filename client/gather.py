@@ -11,7 +11,7 @@ import asyncio
 import traceback
 from typing import Awaitable, Callable, Iterable
 
-from client.types import Trajectory, TrajectoryGroup
+from protocol.trajectory import Trajectory, TrajectoryGroup
 
 GroupHook = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup]]
 

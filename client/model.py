@@ -6,7 +6,6 @@ once), then follows the job's events, reconnecting where it left off if the conn
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from typing import Any, Iterable
@@ -14,9 +13,16 @@ from typing import Any, Iterable
 import httpx
 from openai import AsyncOpenAI
 
-from client.types import Conversation, SFTConfig, TrainConfig, TrainResult, Trajectory, TrajectoryGroup
+from protocol.config import LoraSettings, RunSpec, SFTConfig, TrainConfig
+from protocol.jobs import JobEvent, RLJob, SFTJob, TrainResult
+from protocol.retry import RetryPolicy
+from protocol.trajectory import Conversation, Trajectory, TrajectoryGroup
 
-TRANSIENT = (httpx.TransportError, httpx.TimeoutException)
+# Every mutating call here is idempotent (run creation by name, job submission by key), so a
+# request may be retried whatever it is.
+REQUEST_RETRY = RetryPolicy(attempts=6, initial_wait=0.5, max_wait=8.0)
+# Following a job outlives a server restart: reconnect for as long as a restart can take.
+FOLLOW_RETRY = RetryPolicy(attempts=60, initial_wait=0.5, max_wait=8.0)
 
 
 class ServerError(RuntimeError):
@@ -27,7 +33,7 @@ class ServerError(RuntimeError):
         self.status = status
 
 
-def _raise_for(resp: httpx.Response) -> None:
+def raise_for_status(resp: httpx.Response) -> None:
     if resp.status_code < 400:
         return
     try:
@@ -39,131 +45,122 @@ def _raise_for(resp: httpx.Response) -> None:
 
 class TrainableModel:
     def __init__(self, name: str, project: str = "default", base_model: str | None = None,
-                 lora: dict[str, Any] | None = None):
-        self.name, self.project, self.base_model, self.lora = name, project, base_model, lora or {}
+                 lora: dict[str, Any] | LoraSettings | None = None):
+        self.spec = RunSpec(name=name, project=project, base_model=base_model,
+                            lora=LoraSettings.model_validate(lora or {}))
         self.server_url: str | None = None
         self.api_key: str | None = None
         self.step = 0
 
-    # ---- plumbing --------------------------------------------------------------------------
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    def _http(self, timeout: float = 60.0) -> httpx.AsyncClient:
-        if self.server_url is None:
-            raise RuntimeError("call register(server_url) first")
-        return httpx.AsyncClient(base_url=self.server_url, headers=self._headers(), timeout=timeout)
-
-    async def _request(self, method: str, path: str, retries: int = 5, **kw: Any) -> Any:
-        """A request retried on connection errors and 5xx; safe because every mutating call here
-        is idempotent (run creation by name, job submission by key)."""
-        delay = 0.5
-        for attempt in range(retries + 1):
-            try:
-                async with self._http() as http:
-                    resp = await http.request(method, path, **kw)
-                if resp.status_code < 500 or attempt == retries:
-                    _raise_for(resp)
-                    return resp.json()
-            except TRANSIENT:
-                if attempt == retries:
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 8.0)
-
-    # ---- API -------------------------------------------------------------------------------
-    async def register(self, server_url: str, api_key: str | None = None) -> "TrainableModel":
-        self.server_url = server_url.rstrip("/")
-        if self.server_url.endswith("/v1"):
-            self.server_url = self.server_url[:-3]
-        self.api_key = api_key
-        body = {"name": self.name, "project": self.project, "base_model": self.base_model}
-        if self.lora:
-            body["lora"] = self.lora
-        info = await self._request("POST", "/v1/runs", json=body)
-        self.step = info["step"]
-        return self
-
-    def openai_client(self, **kw: Any) -> AsyncOpenAI:
-        """An AsyncOpenAI client for this server; use `model=self.name` for the latest step. Close it
-        (`async with`) when done: unclosed clients stalled later requests (see client/train.py)."""
-        if self.server_url is None:
-            raise RuntimeError("call register(server_url) first")
-        return AsyncOpenAI(base_url=self.server_url + "/v1", api_key=self.api_key or "EMPTY", **kw)
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     @property
     def inference_name(self) -> str:
         return self.name
 
-    async def get_step(self) -> int:
-        info = await self._request("GET", f"/v1/runs/{self.name}")
+    # ---- plumbing --------------------------------------------------------------------------
+    def http(self, timeout: float | None = 60.0) -> httpx.AsyncClient:
+        if self.server_url is None:
+            raise RuntimeError("call register(server_url) first")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return httpx.AsyncClient(base_url=self.server_url, headers=headers, timeout=timeout)
+
+    async def request(self, method: str, path: str, **kw: Any) -> Any:
+        """A request, retried on connection errors and 5xx; a 4xx raises ServerError at once."""
+        async def once() -> Any:
+            async with self.http() as http:
+                resp = await http.request(method, path, **kw)
+            raise_for_status(resp)
+            return resp.json()
+
+        return await REQUEST_RETRY.call(once)
+
+    # ---- API -------------------------------------------------------------------------------
+    async def register(self, server_url: str, api_key: str | None = None) -> "TrainableModel":
+        self.server_url = server_url.rstrip("/").removesuffix("/v1")
+        self.api_key = api_key
+        info = await self.request("POST", "/v1/runs", json=self.spec.model_dump(mode="json"))
         self.step = info["step"]
+        return self
+
+    def openai_client(self, **kw: Any) -> AsyncOpenAI:
+        """An AsyncOpenAI client for this server; use `model=self.name` for the latest step.
+        Close it (`async with`) when done: an unclosed client's connections can hold later
+        responses unread until they time out."""
+        if self.server_url is None:
+            raise RuntimeError("call register(server_url) first")
+        return AsyncOpenAI(base_url=self.server_url + "/v1", api_key=self.api_key or "EMPTY", **kw)
+
+    async def get_step(self) -> int:
+        self.step = (await self.request("GET", f"/v1/runs/{self.name}"))["step"]
         return self.step
 
     async def train(self, groups: Iterable[TrajectoryGroup], config: TrainConfig | None = None,
                     idempotency_key: str | None = None) -> TrainResult:
-        body = {"kind": "rl", "groups": [g.model_dump(mode="json") for g in groups],
-                "config": (config or TrainConfig()).model_dump()}
-        return await self._run_job(body, idempotency_key)
+        job = RLJob(groups=list(groups), config=config or TrainConfig(), idempotency_key=idempotency_key)
+        return await self._run_job(job)
 
     async def train_sft(self, conversations: Iterable[Conversation | Trajectory | list[dict[str, Any]]],
                         config: SFTConfig | None = None, idempotency_key: str | None = None) -> TrainResult:
-        convs = []
-        for c in conversations:
-            if isinstance(c, Trajectory):
-                c = Conversation(messages=c.messages(), tools=c.tools)
-            elif isinstance(c, list):
-                c = Conversation(messages=c)
-            convs.append(c.model_dump(mode="json"))
-        body = {"kind": "sft", "conversations": convs, "config": (config or SFTConfig()).model_dump()}
-        return await self._run_job(body, idempotency_key)
+        convs = [Conversation(messages=c.messages(), tools=c.tools) if isinstance(c, Trajectory)
+                 else Conversation(messages=c) if isinstance(c, list) else c for c in conversations]
+        job = SFTJob(kind="sft", conversations=convs, config=config or SFTConfig(), idempotency_key=idempotency_key)
+        return await self._run_job(job)
 
     async def log(self, groups: Iterable[TrajectoryGroup], split: str = "val", step: int | None = None) -> dict[str, Any]:
         body = {"groups": [g.model_dump(mode="json") for g in groups], "split": split, "step": step}
-        return await self._request("POST", f"/v1/runs/{self.name}/log", json=body)
+        return await self.request("POST", f"/v1/runs/{self.name}/log", json=body)
 
     async def list_checkpoints(self) -> list[dict[str, Any]]:
-        return (await self._request("GET", f"/v1/runs/{self.name}/checkpoints"))["data"]
+        return (await self.request("GET", f"/v1/runs/{self.name}/checkpoints"))["data"]
 
     async def delete_checkpoints(self, best_metric: str | None = None, mode: str = "max", keep_last: int = 1) -> list[int]:
         body = {"best_metric": best_metric, "mode": mode, "keep_last": keep_last}
-        return (await self._request("POST", f"/v1/runs/{self.name}/checkpoints/prune", json=body))["deleted"]
+        return (await self.request("POST", f"/v1/runs/{self.name}/checkpoints/prune", json=body))["deleted"]
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        """Stop a queued or running job; a step it has not finished never lands."""
+        return await self.request("DELETE", f"/v1/jobs/{job_id}")
 
     # ---- jobs ------------------------------------------------------------------------------
-    async def _run_job(self, body: dict[str, Any], key: str | None) -> TrainResult:
-        body["idempotency_key"] = key or uuid.uuid4().hex
-        payload = json.dumps(body, allow_nan=True)  # a NaN reward reaches the server and is refused there
-        headers = {"Content-Type": "application/json"}
+    async def _run_job(self, job: RLJob | SFTJob) -> TrainResult:
+        job.idempotency_key = job.idempotency_key or uuid.uuid4().hex
+        # allow_nan: a NaN reward reaches the server and is refused there, with the field named.
+        payload = json.dumps(job.model_dump(mode="json"), allow_nan=True)
+        event: JobEvent | None = None
         for _ in range(3):  # resubmit only if the server restarted mid-job (same key: trains once)
-            job = await self._request("POST", f"/v1/runs/{self.name}/jobs", content=payload, headers=headers)
-            event = await self._follow(job["job_id"], job.get("after", -1))
-            if event["type"] == "result":
-                result = TrainResult.model_validate(event["data"])
+            submitted = await self.request("POST", f"/v1/runs/{self.name}/jobs", content=payload,
+                                           headers={"Content-Type": "application/json"})
+            event = await self._follow(submitted["job_id"], submitted.get("after", -1))
+            if event.type == "result":
+                result = TrainResult.model_validate(event.data)
                 self.step = result.step
                 return result
-            if event["type"] == "error":
-                raise ServerError(f"training job {job['job_id']} failed: {event['data'].get('message')}")
-        raise ServerError(f"training job was interrupted by server restarts three times: {event['data']}")
+            if event.type != "interrupted":
+                raise ServerError(f"training job {submitted['job_id']} {event.type}: {event.data.get('message')}")
+        raise ServerError(f"training job was interrupted by server restarts three times: {event and event.data}")
 
-    async def _follow(self, job_id: str, after: int = -1) -> dict[str, Any]:
-        """Follow a job's events to its terminal one, reconnecting after the last seen event."""
-        last, delay = after, 0.5
-        while True:
-            try:
-                async with self._http(timeout=None) as http:
-                    async with http.stream("GET", f"/v1/jobs/{job_id}/events", params={"after": last}) as resp:
-                        if resp.status_code >= 400:
-                            await resp.aread()
-                            _raise_for(resp)
-                        async for line in resp.aiter_lines():
-                            if not line.startswith("data: "):
-                                continue
-                            event = json.loads(line[6:])
-                            last = event["seq"]
-                            delay = 0.5
-                            if event["type"] in ("result", "error", "interrupted"):
+    async def _follow(self, job_id: str, after: int = -1) -> JobEvent:
+        """A job's events to its terminal one, reconnecting after the last event seen."""
+        last = [after]
+
+        async def stream() -> JobEvent | None:
+            async with self.http(timeout=None) as http:
+                async with http.stream("GET", f"/v1/jobs/{job_id}/events", params={"after": last[0]}) as resp:
+                    if resp.status_code >= 400:
+                        await resp.aread()
+                        raise_for_status(resp)
+                    async for line in resp.aiter_lines():
+                        if line.startswith("data: "):
+                            event = JobEvent.model_validate_json(line[6:])
+                            last[0] = event.seq
+                            if event.terminal:
                                 return event
-            except TRANSIENT:
-                pass
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 8.0)
+            return None  # the stream ended early: follow again from the last event
+
+        while True:
+            event = await FOLLOW_RETRY.call(stream)
+            if event is not None:
+                return event

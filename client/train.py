@@ -10,21 +10,46 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import typer
+from pydantic import BaseModel
 
 from client.gather import gather_trajectory_groups
 from client.model import TrainableModel
-from client.types import TrainConfig, TrajectoryGroup
+from protocol.config import LossName, TrainConfig
+from protocol.jobs import TrainResult
+from protocol.trajectory import TrajectoryGroup
 from rollouts.agent import rollout
 from rollouts.env import Example, Task
 
 app = typer.Typer(add_completion=False)
+
+
+class LoopConfig(BaseModel):
+    """One run of the loop: where, what, how long, and how each step trains."""
+
+    server: str = "http://127.0.0.1:8000"
+    api_key: str | None = None
+    run: str = "demo-run"
+    project: str = "default"
+    example: str = "demo"
+    steps: int = 20
+    groups_per_step: int = 8
+    group_size: int = 8
+    eval_every: int = 5
+    eval_tasks: int = 64
+    seed: int = 0
+    out: Path = Path("out/train")
+    reward: Literal["env", "ruler"] = "env"
+    judge: str | None = None
+    progress: bool = True
+    train: TrainConfig = TrainConfig()
+    # Overrides of the example's rollout settings (max_turns, max_tokens, temperature); None keeps its own.
+    rollout_overrides: dict[str, Any] = {}
 
 
 def load_example(name: str, **kwargs: Any) -> Example:
@@ -36,9 +61,8 @@ def load_example(name: str, **kwargs: Any) -> Example:
 
 async def run_groups(model: TrainableModel, example: Example, tasks: list[Task], group_size: int,
                      hook=None, progress: bool = True, description: str = "rollouts") -> list[TrajectoryGroup]:
-    # Closed when the batch is done. With one unclosed client per batch, a later batch's rollouts
-    # sometimes waited two minutes (to the request timeout) on responses that sat unread in their
-    # sockets' buffers: in 3 of 3 demo runs before this change, in none of 5 after.
+    # One client per batch, closed when the batch is done: an unclosed client's connections can
+    # leave a later batch's responses unread until they time out.
     async with model.openai_client(max_retries=0, timeout=120) as client:
         groups = [[rollout(client, model.name, example.make_env(t), t, example.settings) for _ in range(group_size)]
                   for t in tasks]
@@ -78,79 +102,77 @@ def plot(history: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path)
     plt.close(fig)
 
 
-async def train_loop(server: str, api_key: str | None, run: str, project: str, example_name: str, steps: int,
-                     groups_per_step: int, group_size: int, learning_rate: float | None, loss: str,
-                     num_minibatches: int, epochs: int,
-                     eval_every: int, eval_tasks: int, seed: int, out: Path, reward: str, judge: str | None,
-                     progress: bool = True, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    started = time.time()
-    out.mkdir(parents=True, exist_ok=True)
-    example = load_example(example_name)
-    for key, value in (overrides or {}).items():
+def step_line(result: TrainResult) -> str:
+    m = result.metrics
+    gap = "None" if m.logprob_gap is None else f"{m.logprob_gap:.1e}"
+    return (f"step {result.step:3d} | reward {m.reward_mean or 0:.3f} | groups {m.groups_trainable}/{m.groups_total} "
+            f"trainable, {m.groups_dropped_constant} dropped | exceptions {m.trajectories_excluded} | logprob_gap "
+            f"{gap} | {m.step_seconds or 0:.1f}s" + "".join(f"\n  warning: {w}" for w in result.warnings))
+
+
+class Summary:
+    """The loop's record in `out/summary.json`: evals, per-step figures, time spent; a restart of
+    the same run picks it up."""
+
+    def __init__(self, path: Path, run: str):
+        self.path, self.run, self.started = path, run, time.time()
+        previous = json.loads(path.read_text()) if path.exists() else {}
+        same = previous.get("run") == run
+        self.history: list[dict[str, Any]] = previous.get("history", []) if same else []
+        self.evals: list[dict[str, Any]] = previous.get("evals", []) if same else []
+        self.seconds_before = previous.get("seconds", 0.0) if same else 0.0
+
+    def write(self) -> dict[str, Any]:
+        summary = {"run": self.run, "eval_reward_before": self.evals[0]["reward"],
+                   "eval_reward_after": self.evals[-1]["reward"],
+                   "steps": self.history[-1]["step"] if self.history else self.evals[-1]["step"],
+                   "seconds": self.seconds_before + time.time() - self.started,
+                   "evals": self.evals, "history": self.history}
+        self.path.write_text(json.dumps(summary, indent=2))
+        return summary
+
+
+async def train_loop(cfg: LoopConfig) -> dict[str, Any]:
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    example = load_example(cfg.example)
+    for key, value in cfg.rollout_overrides.items():
         if value is not None:
             setattr(example.settings, key, value)
     hook = None
-    if reward == "ruler":
-        if not judge:
+    if cfg.reward == "ruler":
+        if not cfg.judge:
             raise typer.BadParameter("--reward ruler needs --judge (a litellm model or http://host/v1#model)")
         from rewards.ruler import ruler_hook
 
-        hook = ruler_hook(judge)
-    model = await TrainableModel(run, project=project).register(server, api_key)
-    held_out = example.eval_tasks()[:eval_tasks]
-    train_tasks = example.train_tasks(seed)
-    rng = random.Random(seed)
-    state_path = out / "summary.json"
-    previous = json.loads(state_path.read_text()) if state_path.exists() else {}
-    history: list[dict[str, Any]] = previous.get("history", []) if previous.get("run") == run else []
-    evals: list[dict[str, Any]] = previous.get("evals", []) if previous.get("run") == run else []
-    config = TrainConfig(learning_rate=learning_rate, loss=loss, num_minibatches=num_minibatches, epochs=epochs)
+        hook = ruler_hook(cfg.judge)
+    model = await TrainableModel(cfg.run, project=cfg.project).register(cfg.server, cfg.api_key)
+    held_out, train_tasks = example.eval_tasks()[: cfg.eval_tasks], example.train_tasks(cfg.seed)
+    rng = random.Random(cfg.seed)
+    summary = Summary(cfg.out / "summary.json", cfg.run)
 
-    if not evals:
-        before = await evaluate(model, example, held_out, progress)
-        evals.append({"step": model.step, "reward": before})
-        print(f"eval @ step {model.step}: reward {before:.3f}", flush=True)
-    attempts = 0
-    while model.step < steps and attempts < 3 * steps:
-        attempts += 1
-        tasks = [train_tasks[rng.randrange(len(train_tasks))] for _ in range(groups_per_step)]
-        groups = await run_groups(model, example, tasks, group_size, hook, progress, f"step {model.step + 1}")
-        result = await model.train(groups, config)
-        m = result.metrics
-        history.append({"step": result.step, "trained": result.trained, **m, "warnings": result.warnings})
-        gap = m.get("logprob_gap")
-        print(f"step {result.step:3d} | reward {m.get('reward_mean', 0):.3f} | groups {m.get('groups_trainable', 0)}/"
-              f"{m.get('groups_total', 0)} trainable, {m.get('groups_dropped_constant', 0)} dropped | "
-              f"exceptions {m.get('trajectories_excluded', 0)} | logprob_gap "
-              f"{gap if gap is None else f'{gap:.1e}'} | {m.get('step_seconds', 0):.1f}s"
-              + "".join(f"\n  warning: {w}" for w in result.warnings), flush=True)
-        if result.trained and eval_every and result.step % eval_every == 0 and result.step < steps:
-            r = await evaluate(model, example, held_out, progress)
-            evals.append({"step": result.step, "reward": r})
-            print(f"eval @ step {result.step}: reward {r:.3f}", flush=True)
-        _write(state_path, run, evals, history, started, previous)
-    if evals[-1]["step"] != model.step:
-        r = await evaluate(model, example, held_out, progress)
-        evals.append({"step": model.step, "reward": r})
-        print(f"eval @ step {model.step}: reward {r:.3f}", flush=True)
-    summary = _write(state_path, run, evals, history, started, previous)
-    plot(history, evals, out / "reward.png")
-    return summary
+    async def eval_now() -> None:
+        reward = await evaluate(model, example, held_out, cfg.progress)
+        summary.evals.append({"step": model.step, "reward": reward})
+        print(f"eval @ step {model.step}: reward {reward:.3f}", flush=True)
 
-
-def _write(path: Path, run: str, evals, history, started: float, previous: dict[str, Any]) -> dict[str, Any]:
-    summary = {
-        "run": run,
-        "eval_reward_before": evals[0]["reward"],
-        "eval_reward_after": evals[-1]["reward"],
-        "steps": history[-1]["step"] if history else evals[-1]["step"],
-        "seconds": previous.get("seconds", 0.0) + (time.time() - started) if previous.get("run") == run
-        else time.time() - started,
-        "evals": evals,
-        "history": history,
-    }
-    path.write_text(json.dumps(summary, indent=2))
-    return summary
+    if not summary.evals:
+        await eval_now()
+    for _ in range(3 * cfg.steps):  # a step with nothing to train does not advance; give up eventually
+        if model.step >= cfg.steps:
+            break
+        tasks = [train_tasks[rng.randrange(len(train_tasks))] for _ in range(cfg.groups_per_step)]
+        groups = await run_groups(model, example, tasks, cfg.group_size, hook, cfg.progress, f"step {model.step + 1}")
+        result = await model.train(groups, cfg.train)
+        summary.history.append({"step": result.step, "trained": result.trained, **result.metrics.model_dump(),
+                                "warnings": result.warnings})
+        print(step_line(result), flush=True)
+        if result.trained and cfg.eval_every and result.step % cfg.eval_every == 0 and result.step < cfg.steps:
+            await eval_now()
+        summary.write()
+    if summary.evals[-1]["step"] != model.step:
+        await eval_now()
+    plot(summary.history, summary.evals, cfg.out / "reward.png")
+    return summary.write()
 
 
 @app.command()
@@ -163,7 +185,7 @@ def main(
     steps: int = typer.Option(20, help="Train until the run reaches this step."),
     groups_per_step: int = typer.Option(8),
     group_size: int = typer.Option(8),
-    learning_rate: float = typer.Option(None, help="Default: derived from the model's size (see TrainConfig)."),
+    learning_rate: float = typer.Option(None, help="Default: derived from the model (see TrainConfig)."),
     loss: str = typer.Option("ppo", help="ppo, cispo, importance_sampling or awr"),
     num_minibatches: int = typer.Option(1, help="Optimizer steps per epoch over each batch of rollouts."),
     epochs: int = typer.Option(1, help="Passes over each batch of rollouts (the clipped loss keeps them safe)."),
@@ -178,11 +200,14 @@ def main(
     temperature: float = typer.Option(None, help="Override the example's sampling temperature."),
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    overrides = {"max_turns": max_turns, "max_tokens": max_tokens, "temperature": temperature}
-    summary = asyncio.run(train_loop(server, api_key, run, project, example, steps, groups_per_step, group_size,
-                                     learning_rate, loss, num_minibatches, epochs, eval_every, eval_tasks, seed, out, reward, judge, progress,
-                                     overrides))
+    loss_name: LossName = loss  # type: ignore[assignment]  # TrainConfig validates it
+    cfg = LoopConfig(server=server, api_key=api_key, run=run, project=project, example=example, steps=steps,
+                     groups_per_step=groups_per_step, group_size=group_size, eval_every=eval_every,
+                     eval_tasks=eval_tasks, seed=seed, out=out, reward=reward, judge=judge, progress=progress,
+                     train=TrainConfig(learning_rate=learning_rate, loss=loss_name, num_minibatches=num_minibatches,
+                                       epochs=epochs),
+                     rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens, "temperature": temperature})
+    summary = asyncio.run(train_loop(cfg))
     print(json.dumps({k: summary[k] for k in ("eval_reward_before", "eval_reward_after", "steps", "seconds")}))
 
 

@@ -26,22 +26,20 @@ no signal. Pass ``judge_single=True`` to have such a group judged anyway (an abs
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Literal
 
-import httpx
 import openai
-from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
-from client.types import Message, MessageOrChoice, Trajectory, TrajectoryGroup
+from protocol.choices import Message, MessageOrChoice, as_message
+from protocol.offline import import_litellm
+from protocol.retry import RetryPolicy, is_transient, transient_status
+from protocol.trajectory import Trajectory, TrajectoryGroup
 
 __all__ = [
     "DEFAULT_RUBRIC",
@@ -176,16 +174,14 @@ def _plain_tool_calls(raw: Any) -> list[dict[str, str]]:
 
 def _plain_message(item: MessageOrChoice) -> Message:
     """Only what a judge needs: logprobs, token ids and sampling info never leave the client."""
-    if isinstance(item, Choice):
-        msg = item.message
-        return {"role": "assistant", "content": msg.content or "", "tool_calls": _plain_tool_calls(msg.tool_calls)}
-    out: Message = {"role": str(item.get("role")), "content": _text_of(item.get("content"))}
-    if item.get("tool_calls"):
-        out["tool_calls"] = _plain_tool_calls(item["tool_calls"])
-    if item.get("tool_call_id") is not None:
-        out["tool_call_id"] = str(item["tool_call_id"])
-    if item.get("name"):
-        out["name"] = str(item["name"])
+    msg = as_message(item)
+    out: Message = {"role": str(msg.get("role")), "content": _text_of(msg.get("content"))}
+    if msg.get("tool_calls"):
+        out["tool_calls"] = _plain_tool_calls(msg["tool_calls"])
+    if msg.get("tool_call_id") is not None:
+        out["tool_call_id"] = str(msg["tool_call_id"])
+    if msg.get("name"):
+        out["name"] = str(msg["name"])
     return out
 
 
@@ -375,26 +371,15 @@ def parse_reply(text: str | None, ids: list[str]) -> dict[str, JudgeScore]:
 # Calling the judge
 
 
-def _import_litellm() -> Any:
-    # Never fetch the price list over the network at import time (offline boxes, CI, tests).
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    return litellm
-
-
 class _DropJsonMode(Exception):
     """The endpoint refused response_format; try again without it."""
 
 
-_RETRYABLE_STATUS = {408, 409, 425, 429}
-
-
 def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, (_InvalidReply, _DropJsonMode, httpx.TransportError, asyncio.TimeoutError, openai.APIConnectionError)):
+    # An invalid reply is worth another try too: the judge is shown what was wrong with it.
+    if isinstance(exc, (_InvalidReply, _DropJsonMode)) or is_transient(exc):
         return True
-    status = getattr(exc, "status_code", None)
-    return isinstance(status, int) and (status in _RETRYABLE_STATUS or status >= 500)
+    return transient_status(getattr(exc, "status_code", None), extra=frozenset({409}))
 
 
 @dataclass
@@ -437,7 +422,7 @@ async def _call_openai(judge: JudgeConfig, messages: list[Message], json_mode: b
 def _list_price(model: str, response: Any) -> float | None:
     try:
         usage = response.usage
-        prompt_cost, completion_cost = _import_litellm().cost_per_token(
+        prompt_cost, completion_cost = import_litellm().cost_per_token(
             model=model, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens
         )
         return float(prompt_cost + completion_cost)
@@ -446,7 +431,7 @@ def _list_price(model: str, response: Any) -> float | None:
 
 
 async def _call_litellm(judge: JudgeConfig, messages: list[Message], json_mode: bool) -> tuple[Any, float | None]:
-    litellm = _import_litellm()
+    litellm = import_litellm()
     kwargs: dict[str, Any] = dict(judge.extra)
     if judge.base_url is not None:
         kwargs["api_base"] = judge.base_url
@@ -515,16 +500,10 @@ async def _judge(
             ]
             raise
 
-    retrying = AsyncRetrying(
-        stop=stop_after_attempt(max_retries + 1),
-        wait=wait_exponential(multiplier=backoff_s, max=backoff_max_s) + wait_random(0, backoff_s),
-        retry=retry_if_exception(_is_transient),
-        reraise=True,
-    )
+    policy = RetryPolicy(attempts=max_retries + 1, initial_wait=backoff_s, max_wait=backoff_max_s,
+                         transient=_is_transient)
     try:
-        async for try_ in retrying:
-            with try_:
-                scores = await attempt()
+        scores = await policy.call(attempt)
     except Exception as exc:
         what = str(exc) or type(exc).__name__
         raise JudgeError(

@@ -9,15 +9,18 @@ turn, from the environment, and the trajectory is finished only then.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import openai
 from openai import AsyncOpenAI
+from openai.types.chat.chat_completion import Choice
 
-from client.types import Trajectory
-from rollouts.env import Environment, Message, RolloutSettings, Task, ToolError
-from rollouts.retry import RetryPolicy
+from protocol.choices import Message, malformed_tool_call
+from protocol.retry import RetryPolicy
+from protocol.trajectory import Trajectory
+from rollouts.env import Environment, RolloutSettings, Task, ToolError
 
 
 class StopReason(str, Enum):
@@ -26,6 +29,10 @@ class StopReason(str, Enum):
     MAX_TOKENS = "max_tokens"
     MALFORMED_TOOL_CALL = "malformed_tool_call"
     CONTEXT_OVERFLOW = "context_overflow"
+
+
+class ContextOverflow(Exception):
+    """The server says the prompt does not fit the model's context window."""
 
 
 def tool_content(result: Any) -> str:
@@ -45,10 +52,65 @@ def truncate_middle(messages: list[Message], keep_head: int = 2) -> list[Message
     return head + rest[cut:]
 
 
+@dataclass
+class ContextWindow:
+    """What the model is sent: the whole trajectory until the server says it no longer fits, then
+    the head and the newest turns (invariant 7). The trajectory itself keeps every message."""
+
+    head: int = 2
+    dropped: int = 0  # messages cut from just after the head
+    truncations: int = 0
+
+    def view(self, messages: list[Message]) -> list[Message]:
+        return messages[:self.head] + messages[self.head + self.dropped:]
+
+    def shrink(self, messages: list[Message]) -> bool:
+        current = self.view(messages)
+        shorter = truncate_middle(current, self.head)
+        if shorter is None:
+            return False
+        self.dropped += len(current) - len(shorter)
+        self.truncations += 1
+        return True
+
+
 def _is_context_overflow(exc: openai.BadRequestError) -> bool:
     body = exc.body if isinstance(exc.body, dict) else {}
     code = body.get("code") or (body.get("error") or {}).get("code")
     return code == "context_length_exceeded" or "context" in str(exc).lower() and "window" in str(exc).lower()
+
+
+async def _complete(client: AsyncOpenAI, model: str, messages: list[Message], env: Environment,
+                    settings: RolloutSettings, retry: RetryPolicy) -> Choice:
+    try:
+        response = await retry.call(lambda: client.chat.completions.create(
+            model=model, messages=messages, tools=env.tools or openai.NOT_GIVEN,
+            max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
+            seed=openai.NOT_GIVEN if settings.seed is None else settings.seed))
+    except openai.BadRequestError as exc:
+        if _is_context_overflow(exc):
+            raise ContextOverflow() from exc
+        raise
+    return response.choices[0]
+
+
+async def _act(choice: Choice, env: Environment, traj: Trajectory) -> StopReason | None:
+    """Carry out what the model's turn asks for; a StopReason when the episode is over."""
+    if choice.finish_reason == "length":
+        return StopReason.MAX_TOKENS
+    calls = choice.message.tool_calls or []
+    for call in calls:
+        result = await _run_tool(env, call.function.name, call.function.arguments)
+        traj.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": tool_content(result)})
+    if calls:
+        return None
+    if malformed_tool_call(choice):
+        return StopReason.MALFORMED_TOOL_CALL
+    reply = await env.user_reply(traj.messages())
+    if reply is None:
+        return StopReason.ANSWERED
+    traj.messages_and_choices.append({"role": "user", "content": reply})
+    return None
 
 
 async def rollout(client: AsyncOpenAI, model: str, env: Environment, task: Task, settings: RolloutSettings,
@@ -58,58 +120,24 @@ async def rollout(client: AsyncOpenAI, model: str, env: Environment, task: Task,
     retry = retry or RetryPolicy()
     traj = Trajectory(messages_and_choices=list(env.initial_messages()), tools=env.tools or None,
                       metadata={**task.metadata, "task_id": task.id})
-    stop = StopReason.MAX_TURNS
-    turns = tool_calls = truncations = 0
-    context: list[Message] | None = None  # set once the history had to be cut
-    for _ in range(settings.max_turns):
-        messages = context if context is not None else traj.messages()
+    window = ContextWindow()
+    stop: StopReason | None = None
+    turns = 0
+    while stop is None and turns < settings.max_turns:
         try:
-            response = await retry.call(lambda: client.chat.completions.create(
-                model=model, messages=messages, tools=env.tools or openai.NOT_GIVEN,
-                max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
-                seed=openai.NOT_GIVEN if settings.seed is None else settings.seed))
-        except openai.BadRequestError as exc:
-            if not _is_context_overflow(exc):
-                raise
-            context = truncate_middle(messages)
-            truncations += 1
-            if context is None:
-                stop = StopReason.CONTEXT_OVERFLOW
-                break
+            choice = await _complete(client, model, window.view(traj.messages()), env, settings, retry)
+        except ContextOverflow:
+            stop = None if window.shrink(traj.messages()) else StopReason.CONTEXT_OVERFLOW
             continue
-        choice = response.choices[0]
         traj.messages_and_choices.append(choice)
-        if context is not None:
-            context = context + [traj.messages()[-1]]
         turns += 1
-        if choice.finish_reason == "length":
-            stop = StopReason.MAX_TOKENS
-            break
-        calls = choice.message.tool_calls or []
-        if calls:
-            for call in calls:
-                tool_calls += 1
-                result = await _run_tool(env, call.function.name, call.function.arguments)
-                msg = {"role": "tool", "tool_call_id": call.id, "content": tool_content(result)}
-                traj.messages_and_choices.append(msg)
-                if context is not None:
-                    context.append(msg)
-            continue
-        if "<tool_call>" in (choice.message.content or ""):
-            stop = StopReason.MALFORMED_TOOL_CALL
-            break
-        reply = await env.user_reply(traj.messages())
-        if reply is None:
-            stop = StopReason.ANSWERED
-            break
-        user = {"role": "user", "content": reply}
-        traj.messages_and_choices.append(user)
-        if context is not None:
-            context.append(user)
+        stop = await _act(choice, env, traj)
+    stop = stop or StopReason.MAX_TURNS
     score = await env.score(traj.messages())
     traj.reward = score.reward
     traj.metrics.update(score.metrics)
-    traj.metrics.update({"turns": turns, "tool_calls": tool_calls, "context_truncations": truncations,
+    tool_calls = sum(len(c.message.tool_calls or []) for c in traj.choices())
+    traj.metrics.update({"turns": turns, "tool_calls": tool_calls, "context_truncations": window.truncations,
                          f"stop_{stop.value}": 1})
     traj.metadata["stop_reason"] = stop.value
     traj.logs.extend(score.logs)

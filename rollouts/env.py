@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-Message = dict[str, Any]
+from protocol.choices import Message
 
 
 class Task(BaseModel):
@@ -68,7 +68,6 @@ class RolloutSettings:
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
-    max_context_tokens: int | None = None  # None: no client-side limit
     seed: int | None = None  # server-side sampling seed, for reproducible rollouts in tests
 
 

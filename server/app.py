@@ -1,19 +1,21 @@
-"""The FastAPI application: settings, shared state, routes."""
+"""The FastAPI application: the model, the engine that serves it, the runs that train it, the
+routes that reach them."""
 
 from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from server import export
-from server.api import errors, export_routes, openai_routes, training_routes, ui_routes
-from server.engine.scheduler import Engine
-from server.model_host import ModelHost, Policy
+from server.api import errors, export_routes, limits, openai_routes, training_routes, ui_routes
+from server.api.deps import ServerState
+from server.model_host import ChatOptions, ModelHost
+from server.model_source import resolve
+from server.serving import ServedModels
 from server.settings import Settings
 from server.store import Store
 from server.training.jobs import JobManager
@@ -22,58 +24,64 @@ from server.training.runs import RunManager
 log = logging.getLogger("artisan")
 
 
-@dataclass
-class ServerState:
-    settings: Settings
-    host: ModelHost
-    engine: Engine
-    runs: RunManager
-    store: Store
-    jobs: JobManager
-    exports: Any = None  # the exporters' dispatcher (server/export) when --export asks for one
+def load_model(settings: Settings) -> ModelHost:
+    model_dir = resolve(settings.model, settings.cache_dir / "models")
+    template = settings.chat_template.read_text() if settings.chat_template else None
+    chat = ChatOptions(template, settings.tool_call_parser, settings.reasoning_parser, settings.chat_template_kwargs)
+    names = settings.served_model_name
+    host = ModelHost(model_dir, device=settings.device, dtype=settings.dtype, name=names[0] if names else None,
+                     chat=chat, aliases=(settings.model, *names))
+    if settings.gradient_checkpointing:
+        host.enable_gradient_checkpointing()
+    return host
 
-    def resolve(self, model: str) -> Policy | None:
-        return self.runs.resolve(model)
+
+def make_engine(settings: Settings, host: ModelHost) -> Any:
+    if settings.engine == "vllm":
+        from server.engine.vllm import VllmEngine
+
+        return VllmEngine(host, settings)
+    from server.engine.scheduler import TorchEngine
+
+    return TorchEngine(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting)
+
+
+def build_state(settings: Settings) -> ServerState:
+    exports = export.build(settings)  # None unless --export asks; first, so a bad one stops start-up at once
+    host = load_model(settings)
+    engine = make_engine(settings, host)
+    served = ServedModels(host.name, host.aliases)
+    data_dir = Path(settings.data_dir)
+    store = Store(data_dir / "artisan.sqlite")
+    runs = RunManager(host, engine, served, data_dir)
+    jobs = JobManager(runs, store, exports, settings.keep_trajectory_steps, settings.job_time_limit)
+    return ServerState(settings, host, engine, served, runs, store, jobs, exports)
 
 
 def create_app(settings: Settings) -> FastAPI:
-    exports = export.build(settings)  # None unless --export asks; first, so a bad one stops start-up at once
-    host = ModelHost(settings.model, device=settings.device, dtype=settings.dtype)
-    engine = Engine(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting)
-    data_dir = Path(settings.data_dir)
-    store = Store(data_dir / "artisan.sqlite")
-    runs = RunManager(host, data_dir)
-    jobs = JobManager(host, runs, store, exports, settings.keep_trajectory_steps)
-    state = ServerState(settings, host, engine, runs, store, jobs, exports)
+    state = build_state(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        runs.resume_all()
-        jobs.start()
-        engine.start()
-        log.info("serving %s (%.1fM parameters) on %s", host.name, host.n_params / 1e6, host.device)
+        state.engine.start()
+        state.runs.resume_all()
+        state.jobs.start()
+        log.info("serving %s (%.1fM parameters) on %s", state.host.name, state.host.n_params / 1e6, state.host.device)
         yield
-        engine.stop()
-        jobs.stop()
-        if exports is not None:
-            exports.close()
+        state.engine.stop()
+        state.jobs.stop()
+        if state.exports is not None:
+            state.exports.close()
 
     app = FastAPI(title="art-server", lifespan=lifespan)
     app.state.settings = settings
     app.state.artisan = state
     errors.install(app)
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > settings.max_request_bytes:
-            return errors.error_response(413, f"request body of {size} bytes exceeds the limit of "
-                                              f"{settings.max_request_bytes} bytes", code="payload_too_large")
-        return await call_next(request)
+    limits.install(app, settings)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": host.name, **engine.load}
+        return {"status": "ok", "model": state.host.name, **state.engine.load}
 
     app.include_router(openai_routes.router)
     app.include_router(training_routes.router)

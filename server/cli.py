@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 
 import typer
 
-from server.settings import DEFAULT_MODEL_DIR, Settings, check_bind
+from server.settings import DEFAULT_CACHE, DEFAULT_MODEL_DIR, Settings, check_bind
 
 # torch's OpenMP threads spin while they wait for work; beside another busy process (a client,
 # a test, a second server) that spinning starves everyone and decoding slows ~50x on 2 cores.
@@ -19,16 +20,29 @@ app = typer.Typer(add_completion=False, help=__doc__)
 
 @app.command()
 def serve(
-    model: Path = typer.Option(DEFAULT_MODEL_DIR, help="A local Hugging Face model directory (default: the embedded tiny model)."),
+    model: str = typer.Option(str(DEFAULT_MODEL_DIR), help="A model directory, a Hugging Face hub id, or a .gguf "
+                                                           "file (default: the embedded tiny model)."),
+    served_model_name: list[str] = typer.Option([], help="Name(s) the base model answers to; the first is the one "
+                                                         "it is served as (repeat for more)."),
+    chat_template: Path = typer.Option(None, help="A Jinja chat template file, instead of the tokenizer's."),
+    chat_template_kwargs: str = typer.Option("{}", help='JSON passed to the template, e.g. \'{"enable_thinking": false}\'.'),
+    tool_call_parser: str = typer.Option("auto", help="hermes, llama3_json, mistral, pythonic, openai or none "
+                                                      "(auto: from the chat template)."),
+    reasoning_parser: str = typer.Option("auto", help="qwen3, deepseek_r1, openai or none (auto: from the template)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind. A non-loopback address needs an API key."),
     port: int = typer.Option(8000),
     api_key: str = typer.Option(None, envvar="ARTISAN_API_KEY", help="Bearer key required on every route but /health."),
     data_dir: Path = typer.Option(Path("artisan-data"), help="Where runs, checkpoints and logs live."),
+    cache_dir: Path = typer.Option(DEFAULT_CACHE, help="Where dequantised GGUF models are kept."),
+    engine: str = typer.Option("torch", help="torch (default; CPU or CUDA) or vllm (a vLLM server process)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda"),
-    dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16"),
+    dtype: str = typer.Option("auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or float16"),
+    gradient_checkpointing: bool = typer.Option(False, help="Recompute activations in the backward pass: less "
+                                                            "memory for long sequences, about a third more time."),
     max_batch: int = typer.Option(64, help="Sequences decoded together."),
     max_waiting: int = typer.Option(512, help="Sequences queued before requests get 503."),
     max_request_bytes: int = typer.Option(64 * 1024 * 1024, help="Larger request bodies get 413."),
+    job_time_limit: float = typer.Option(6 * 3600.0, help="Seconds a training job may run before it is stopped."),
     keep_trajectory_steps: int = typer.Option(None, help="Keep trajectories of only the newest N steps per run "
                                                          "(step metrics are always kept). Default: keep all."),
     export: list[str] = typer.Option([], "--export", envvar="ARTISAN_EXPORT",
@@ -42,14 +56,21 @@ def serve(
 
     from server.app import create_app
 
-    settings = Settings(model=model, host=host, port=port, api_key=api_key or None, data_dir=data_dir,
-                        device=device, dtype=dtype, max_batch=max_batch, max_waiting=max_waiting,
-                        max_request_bytes=max_request_bytes,
-                        export=export, export_timeout=export_timeout, export_queue=export_queue,
-                        keep_trajectory_steps=keep_trajectory_steps)
+    try:
+        template_kwargs = json.loads(chat_template_kwargs)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--chat-template-kwargs is not JSON: {e}")
+    if chat_template is not None and not chat_template.is_file():
+        raise SystemExit(f"--chat-template {chat_template}: no such file")
+    settings = Settings(model=model, served_model_name=served_model_name, chat_template=chat_template,
+                        chat_template_kwargs=template_kwargs, tool_call_parser=tool_call_parser,
+                        reasoning_parser=reasoning_parser, host=host, port=port, api_key=api_key or None,
+                        data_dir=data_dir, cache_dir=cache_dir, engine=engine, device=device, dtype=dtype,
+                        gradient_checkpointing=gradient_checkpointing, max_batch=max_batch, max_waiting=max_waiting,
+                        max_request_bytes=max_request_bytes, job_time_limit=job_time_limit,
+                        keep_trajectory_steps=keep_trajectory_steps, export=export, export_timeout=export_timeout,
+                        export_queue=export_queue)
     check_bind(settings)
-    if not settings.model.exists():
-        raise SystemExit(f"model directory {settings.model} does not exist")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_keep_alive=30)
 

@@ -1,10 +1,9 @@
-"""The one copy of the base model, its tokenizer and every run's LoRA adapters.
+"""The one copy of the base model, its tokenizer and chat format, and every run's LoRA adapters.
 
 Inference and training share these weights. A single lock serialises forward passes: the engine
 holds it for one decode step, the trainer for one micro-batch, so they interleave instead of
-racing on peft's adapter state. Each served policy is a frozen adapter snapshot (`run@step`);
-the trainer only ever changes its own working adapter, so a request that started decoding on a
-step finishes on that step's weights.
+racing on peft's adapter state. Everything model-specific (context window, stop tokens, dtype,
+LoRA target modules, chat format) is read from the model itself, not from a table of families.
 """
 
 from __future__ import annotations
@@ -14,28 +13,28 @@ import json
 import logging
 import re
 import threading
-from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Iterator
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from server.chat.render import Renderer, SampledTurn, assistant_turn_key
+from server.chat.format import ChatFormat
 
 log = logging.getLogger("artisan.model")
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
 
 
 @dataclass(frozen=True)
-class Policy:
-    """What a request's `model` resolved to."""
+class ChatOptions:
+    """How to read the model's chat format; None/auto: from the template itself."""
 
-    name: str  # the name a client used (base name, run or run@step)
-    adapter: str | None  # peft adapter name, None for the base model
-    run: str | None
-    step: int
+    template: str | None = None  # Jinja source (`--chat-template`)
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
+    template_kwargs: dict[str, Any] | None = None
 
 
 def pick_device(device: str) -> torch.device:
@@ -50,34 +49,31 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-class TurnCache:
-    """Assistant turns this server sampled, by what a client echoes back (content + tool calls).
-    Lets a later request's prompt contain the exact sampled ids instead of a re-tokenization."""
+def stop_ids_of(model_dir: Path, config: Any) -> list[int]:
+    """EOS ids from the generation config (Llama 3 lists several) and the model config."""
+    ids: list[Any] = []
+    try:
+        ids.append(GenerationConfig.from_pretrained(model_dir).eos_token_id)
+    except OSError:
+        pass
+    ids.append(getattr(config, "eos_token_id", None))
+    flat = [i for x in ids for i in (x if isinstance(x, list) else [x])]
+    return sorted({i for i in flat if isinstance(i, int) and i >= 0})
 
-    def __init__(self, capacity: int = 200_000):
-        self.capacity = capacity
-        self._items: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._lock = threading.Lock()
 
-    def put(self, message: dict[str, Any], token_ids: list[int]) -> None:
-        key = assistant_turn_key(message)
-        with self._lock:
-            self._items[key] = tuple(token_ids)
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-
-    def lookup(self, message: dict[str, Any]) -> SampledTurn | None:
-        ids = message.get("token_ids")  # a client may send the ids itself
-        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
-            return SampledTurn(tuple(ids))
-        with self._lock:
-            found = self._items.get(assistant_turn_key(message))
-        return SampledTurn(found) if found is not None else None
+def lora_targets(model: torch.nn.Module) -> list[str]:
+    """Every linear layer inside the decoder blocks, by leaf name (q_proj ... down_proj for
+    Llama, Qwen, Mistral and Gemma): what `all-linear` means for this architecture."""
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and re.search(r"\.layers\.\d+\.", name):
+            names.add(name.rsplit(".", 1)[-1])
+    return sorted(names)
 
 
 class ModelHost:
-    def __init__(self, model_dir: str | Path, device: str = "auto", dtype: str = "auto", name: str | None = None):
+    def __init__(self, model_dir: str | Path, device: str = "auto", dtype: str = "auto", name: str | None = None,
+                 chat: ChatOptions = ChatOptions(), aliases: tuple[str, ...] = ()):
         self.model_dir = Path(model_dir)
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype, self.device)
@@ -90,17 +86,24 @@ class ModelHost:
         self.model: Any = model  # becomes a PeftModel when the first adapter is added
         self.config = model.config
         self.name = name or _model_name(self.model_dir)
-        self.renderer = Renderer(self.tokenizer)
-        self.turns = TurnCache()
+        self.aliases = {self.name, str(self.model_dir), *aliases,
+                        *([self.config.name_or_path] if getattr(self.config, "name_or_path", None) else [])}
+        self.chat = ChatFormat.build(self.tokenizer, chat.template, chat.tool_call_parser, chat.reasoning_parser,
+                                     stop_ids_of(self.model_dir, self.config), chat.template_kwargs)
         self.lock = threading.RLock()
-        self.context_window = int(getattr(self.config, "max_position_embeddings", 4096))
-        self.eos_ids = sorted({i for i in [self.tokenizer.eos_token_id, self.renderer.im_end_id,
-                                            self.tokenizer.convert_tokens_to_ids("<|endoftext|>")]
-                               if isinstance(i, int) and i >= 0})
+        self.context_window = int(getattr(self.config, "max_position_embeddings", None) or 4096)
+        self.lora_targets = lora_targets(model)
         self.fingerprint = self._fingerprint()
-        self.policies: dict[str, Policy] = {}  # served names -> policy (runs register theirs)
         self.n_params = sum(p.numel() for p in model.parameters())
-        self.adapters_in_use: Callable[[], set[str]] = set  # the engine installs its own probe
+        self.gradient_checkpointing = False
+
+    @property
+    def family(self) -> str:
+        return str(getattr(self.config, "model_type", "unknown"))
+
+    @property
+    def vocab_size(self) -> int:
+        return max(len(self.tokenizer), int(getattr(self.config, "vocab_size", 0) or 0))
 
     def _fingerprint(self) -> str:
         """Identifies base weights + tokenizer, so a choice sampled from another model is refused."""
@@ -111,13 +114,12 @@ class ModelHost:
         h.update(emb[: min(8, emb.shape[0])].float().cpu().numpy().tobytes())
         return h.hexdigest()[:16]
 
-    # ---- adapters -------------------------------------------------------------------------
+    # ---- adapters (call with `lock` held) ------------------------------------------------------
     @property
     def has_adapters(self) -> bool:
         return self.model is not self.base_model
 
     def add_adapter(self, adapter: str, lora_config: Any, state: dict[str, torch.Tensor] | None = None) -> None:
-        """Create adapter `adapter` (optionally with weights). Call with `lock` held."""
         from peft import PeftModel, get_peft_model, set_peft_model_state_dict
 
         if not isinstance(self.model, PeftModel):
@@ -127,9 +129,13 @@ class ModelHost:
             self.model.add_adapter(adapter, lora_config)
         if state is not None:
             set_peft_model_state_dict(self.model, state, adapter_name=adapter)
-        for name, p in self.model.named_parameters():
-            if f".{adapter}." in name:
-                p.requires_grad_(False)
+        for p in self.adapter_params(adapter):
+            p.requires_grad_(False)
+
+    def load_adapter_state(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(self.model, state, adapter_name=adapter)
 
     def adapter_state(self, adapter: str) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict
@@ -137,35 +143,36 @@ class ModelHost:
         return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=adapter).items()}
 
     def delete_adapter(self, adapter: str) -> None:
-        with self.lock:
-            if self.has_adapters and adapter in self.model.peft_config:
-                self.model.delete_adapter(adapter)
+        if self.has_adapters and adapter in self.model.peft_config:
+            self.model.delete_adapter(adapter)
 
     def adapter_params(self, adapter: str) -> list[torch.nn.Parameter]:
         return [p for n, p in self.model.named_parameters() if f".{adapter}." in n and "lora_" in n]
 
-    # ---- serving names -----------------------------------------------------------------------
-    def register_policy(self, name: str, policy: Policy) -> None:
-        self.policies[name] = policy
-
-    def unregister_policy(self, name: str) -> None:
-        self.policies.pop(name, None)
-
-    def resolve(self, model: str) -> Policy | None:
-        if model == self.name or model == str(self.model_dir):
-            return Policy(self.name, None, None, 0)
-        return self.policies.get(model)
-
-    def served_names(self) -> list[str]:
-        return [self.name] + sorted(self.policies)
-
-    # ---- forward ---------------------------------------------------------------------------
+    # ---- forward (call with `lock` held) -------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, adapters: list[str | None], **kwargs) -> Any:
-        """A forward pass where each row uses its own adapter (None = base). Call with `lock` held."""
+        """A forward pass where each row uses its own adapter (None = base)."""
         if not self.has_adapters:
             return self.model(input_ids=input_ids, **kwargs)
         names = [a if a is not None else BASE for a in adapters]
         return self.model(input_ids=input_ids, adapter_names=names, **kwargs)
+
+    @contextmanager
+    def training_forward(self) -> Iterator[None]:
+        """A trainer forward pass. Gradient checkpointing, when asked for, only runs in train mode,
+        so the model switches mode for the pass (nothing in it drops out)."""
+        if not self.gradient_checkpointing:
+            yield
+            return
+        self.base_model.train()
+        try:
+            yield
+        finally:
+            self.base_model.eval()
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.gradient_checkpointing = True
 
 
 def _model_name(model_dir: Path) -> str:

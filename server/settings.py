@@ -4,24 +4,37 @@ configuration at once."""
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "embedded" / "model"
+DEFAULT_CACHE = Path(os.environ.get("ARTISAN_CACHE", Path.home() / ".cache" / "artisan"))
 
 
 class Settings(BaseModel):
-    model: Path = DEFAULT_MODEL_DIR
+    # A model directory, a Hugging Face hub id, or a .gguf file (server/model_source.py).
+    model: str = str(DEFAULT_MODEL_DIR)
+    served_model_name: list[str] = []  # names the base model answers to; the first is its served name
+    chat_template: Path | None = None  # Jinja file overriding the tokenizer's template
+    chat_template_kwargs: dict[str, Any] = {}
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
     data_dir: Path = Path("artisan-data")
+    cache_dir: Path = DEFAULT_CACHE  # dequantised GGUF models
+    engine: Literal["torch", "vllm"] = "torch"
     device: str = "auto"
     dtype: str = "auto"
+    gradient_checkpointing: bool = False
     max_batch: int = 64
     max_waiting: int = 512
     max_request_bytes: int = 64 * 1024 * 1024
+    job_time_limit: float = 6 * 3600.0  # seconds a training job may run before it is stopped
     # Retention: trajectories of only the newest N steps per run are kept (None: all of them).
     keep_trajectory_steps: int | None = None
     # Optional trajectory exporters (server/export): langfuse, weave, openpipe; off when empty.

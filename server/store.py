@@ -30,6 +30,12 @@ MIGRATIONS: list[str] = [
                                group_index INTEGER, traj_index INTEGER, reward REAL, data TEXT, created REAL);
     CREATE INDEX traj_run_step ON trajectories (run, step, split);
     """,
+    # 2: idempotency keys remember their body; jobs their current attempt; steps commit in two phases
+    """
+    ALTER TABLE jobs ADD COLUMN body_hash TEXT;
+    ALTER TABLE jobs ADD COLUMN attempt_from INTEGER DEFAULT 0;
+    ALTER TABLE steps ADD COLUMN pending INTEGER DEFAULT 0;
+    """,
 ]
 
 
@@ -82,16 +88,35 @@ class Store:
         return self._rows("SELECT name, project, spec, created FROM runs ORDER BY created")
 
     def put_step(self, run: str, step: int, kind: str, metrics: dict[str, Any], warnings: list[str],
-                 trajectories: list[tuple[int, int, float, dict[str, Any]]], split: str = "train") -> None:
-        """A step's metrics and its trajectories in one transaction."""
+                 trajectories: list[tuple[int, int, float, dict[str, Any]]], split: str = "train",
+                 pending: bool = False) -> None:
+        """A step's metrics and its trajectories in one transaction. A pending step is one whose
+        checkpoint is being written: `confirm_step` or `settle_pending` decides it."""
         now = time.time()
-        stmts = [("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?)",
-                  (run, step, kind, _dumps(metrics), json.dumps(warnings), now)),
+        stmts = [("INSERT OR REPLACE INTO steps (run, step, kind, metrics, warnings, created, pending) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                  (run, step, kind, _dumps(metrics), json.dumps(warnings), now, int(pending))),
                  ("DELETE FROM trajectories WHERE run = ? AND step = ? AND split = ?", (run, step, split))]
         stmts += [("INSERT INTO trajectories (run, step, split, group_index, traj_index, reward, data, created) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run, step, split, g, t, r, _dumps(d), now))
                   for g, t, r, d in trajectories]
         self._write(stmts)
+
+    def confirm_step(self, run: str, step: int) -> None:
+        self._write([("UPDATE steps SET pending = 0 WHERE run = ? AND step = ?", (run, step))])
+
+    def settle_pending(self, run: str, checkpointed: set[int]) -> None:
+        """After a crash: a pending step whose checkpoint exists happened; one whose does not did not."""
+        pending = [r["step"] for r in self._rows("SELECT step FROM steps WHERE run = ? AND pending = 1", (run,))]
+        stmts: list[tuple[str, tuple]] = []
+        for step in pending:
+            if step in checkpointed:
+                stmts.append(("UPDATE steps SET pending = 0 WHERE run = ? AND step = ?", (run, step)))
+            else:
+                stmts += [("DELETE FROM steps WHERE run = ? AND step = ?", (run, step)),
+                          ("DELETE FROM trajectories WHERE run = ? AND step = ? AND split = 'train'", (run, step))]
+        if stmts:
+            self._write(stmts)
 
     def put_trajectories(self, run: str, step: int, split: str,
                          trajectories: list[tuple[int, int, float, dict[str, Any]]]) -> None:
@@ -111,8 +136,12 @@ class Store:
             cur = self._db.execute("DELETE FROM trajectories WHERE run = ? AND step <= ?", (run, newest - keep_steps))
             return cur.rowcount
 
+    def trajectory_steps(self, run: str) -> list[int]:
+        return [r["step"] for r in self._rows("SELECT DISTINCT step FROM trajectories WHERE run = ? ORDER BY step", (run,))]
+
     def steps(self, run: str) -> list[dict[str, Any]]:
-        rows = self._rows("SELECT step, kind, metrics, warnings, created FROM steps WHERE run = ? ORDER BY step", (run,))
+        rows = self._rows("SELECT step, kind, metrics, warnings, created FROM steps WHERE run = ? AND pending = 0 "
+                          "ORDER BY step", (run,))
         for r in rows:
             r["metrics"], r["warnings"] = json.loads(r["metrics"]), json.loads(r["warnings"])
         return rows
@@ -186,9 +215,11 @@ class Store:
 
     # ---- jobs ------------------------------------------------------------------------------
     def put_job(self, job: dict[str, Any]) -> None:
-        self._write([("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        self._write([("INSERT OR REPLACE INTO jobs (id, run, kind, idempotency_key, status, result, error, created, "
+                      "updated, body_hash, attempt_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                       (job["id"], job["run"], job["kind"], job["idempotency_key"], job["status"],
-                       json.dumps(job.get("result")), job.get("error"), job.get("created", time.time()), time.time()))])
+                       json.dumps(job.get("result")), job.get("error"), job.get("created", time.time()), time.time(),
+                       job.get("body_hash"), job.get("attempt_from", 0)))])
 
     def job_by_key(self, run: str, key: str) -> dict[str, Any] | None:
         rows = self._rows("SELECT * FROM jobs WHERE run = ? AND idempotency_key = ?", (run, key))
@@ -207,9 +238,18 @@ class Store:
         self._write([("INSERT OR REPLACE INTO job_events VALUES (?, ?, ?, ?, ?)",
                       (job_id, seq, type_, json.dumps(data), time.time()))])
 
+    def count_events(self, job_id: str) -> int:
+        return self._rows("SELECT COUNT(*) AS n FROM job_events WHERE job_id = ?", (job_id,))[0]["n"]
+
     def events(self, job_id: str, after: int = -1) -> list[dict[str, Any]]:
         rows = self._rows("SELECT seq, type, data FROM job_events WHERE job_id = ? AND seq > ? ORDER BY seq", (job_id, after))
         return [{"seq": r["seq"], "type": r["type"], "data": json.loads(r["data"])} for r in rows]
+
+
+def trajectory_rows(groups: list[Any]) -> list[tuple[int, int, float, dict[str, Any]]]:
+    """Groups as the store keeps them: (group index, trajectory index, reward, trajectory)."""
+    return [(gi, ti, t.reward, t.model_dump(mode="json"))
+            for gi, g in enumerate(groups) for ti, t in enumerate(g.trajectories)]
 
 
 def _strict_json(text: str) -> str:

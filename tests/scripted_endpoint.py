@@ -17,12 +17,16 @@ from fastapi.responses import JSONResponse
 
 
 def completion(content: str | None, tool_calls: list[dict] | None = None, finish: str = "stop",
-               model: str = "scripted") -> dict[str, Any]:
+               model: str = "scripted", malformed: bool = False) -> dict[str, Any]:
+    """`malformed`: the choice says its tool call could not be parsed, as art-server's do."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
+    choice = {"index": 0, "message": message, "finish_reason": finish}
+    if malformed:
+        choice["malformed_tool_call"] = True
     return {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "choices": [choice],
             "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
 
 

@@ -1,8 +1,9 @@
-"""The prompt renderer and the tool-call parser, in-process (no server).
+"""The prompt renderer and the tool-call parser on the embedded model, in-process (no server).
 
 The renderer must produce exactly what the tokenizer's own chat template produces (other tools,
 vLLM included, render with the template), and it must refuse conversations no chat model was
-trained on. The parser turns sampled text into OpenAI `content` + `tool_calls`.
+trained on. The parser turns sampled text into OpenAI `content` + `tool_calls`. Other models'
+templates and formats are tried in test_chat_formats.py.
 """
 
 from __future__ import annotations
@@ -14,9 +15,23 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import ROOT
-from server.chat.render import (GENERATION_PROMPT, RenderError, Renderer, SampledTurn, render_text,
-                                validate_messages)
-from server.chat.tool_calls import held_back_suffix, parse_tool_calls
+from server.api.streaming import _partial_suffix
+from server.chat.format import ChatFormat
+from server.chat.parsers import HermesParser
+from server.chat.template import template_message
+from server.chat.turns import SampledTurn
+from server.chat.validate import RenderError, validate_messages
+from server.embedded.template import render_text
+
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+def parse_tool_calls(text: str, tools_enabled: bool = True):
+    return HermesParser().parse(text) if tools_enabled else FORMAT.parse(text, tools_enabled=False)
+
+
+def held_back_suffix(text: str) -> int:
+    return _partial_suffix(text, ["<tool_call>"])
 
 MODEL_DIR = ROOT / "server" / "embedded" / "model"
 
@@ -76,9 +91,12 @@ CONVERSATIONS = {
 }
 
 
+FORMAT = ChatFormat.build(AutoTokenizer.from_pretrained(MODEL_DIR))
+
+
 @pytest.fixture(scope="module")
 def tok():
-    return AutoTokenizer.from_pretrained(MODEL_DIR)
+    return FORMAT.template.tokenizer
 
 
 @pytest.mark.parametrize("name", list(CONVERSATIONS))
@@ -89,14 +107,18 @@ def test_renderer_equals_the_tokenizers_chat_template(tok, name, add_generation_
     want = tok.apply_chat_template(copy.deepcopy(messages), tools=tools, tokenize=False,
                                    add_generation_prompt=add_generation_prompt)
     assert render_text(messages, tools, add_generation_prompt) == want
-    ids = Renderer(tok).render(messages, tools, add_generation_prompt)
-    assert ids == tok.encode(want, add_special_tokens=False)
+    # The server parses OpenAI's JSON-string tool arguments into objects, as vLLM does, before the
+    # template sees them (Llama's and Mistral's templates would quote a string a second time).
+    served = tok.apply_chat_template([template_message(m) for m in messages], tools=tools, tokenize=False,
+                                     add_generation_prompt=add_generation_prompt)
+    ids = FORMAT.renderer.render(messages, tools, add_generation_prompt).ids
+    assert ids == tok.encode(served, add_special_tokens=False)
     assert messages == pristine  # rendering must not mutate the caller's messages
     validate_messages(messages)  # every conversation here is a valid one
 
 
 def test_renderer_splices_sampled_turns_instead_of_retokenizing(tok):
-    r = Renderer(tok)
+    r = FORMAT.renderer
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     gen = tok.encode(GENERATION_PROMPT, add_special_tokens=False)
     # Ids that do not round-trip through text: the splice must keep them as they are.
@@ -110,7 +132,9 @@ def test_renderer_splices_sampled_turns_instead_of_retokenizing(tok):
         {"role": "assistant", "content": "second"},
         {"role": "user", "content": "u3"},
     ]
-    ids = r.render(messages, lookup=lambda m: SampledTurn(turns[m["content"]]) if m["content"] in turns else None)
+    rendered = r.render(messages, lookup=lambda m: SampledTurn(turns[m["content"]]) if m["content"] in turns else None)
+    ids = rendered.ids
+    assert rendered.spliced_turns == 2 and rendered.rewritten_turns == 0
     nl = tok.encode("\n", add_special_tokens=False)
     assert _find(ids, gen + list(finished) + nl) >= 0
     assert _find(ids, gen + list(cut) + [im_end] + nl) >= 0
@@ -121,13 +145,12 @@ def test_renderer_splices_sampled_turns_instead_of_retokenizing(tok):
 
 
 def test_output_text_keeps_tool_call_tags_and_drops_control_tokens(tok):
-    r = Renderer(tok)
     text = 'Hi<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
     ids = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
-    assert r.output_text(ids) == text
-    assert parse_tool_calls(r.output_text(ids)).tool_calls[0].name == "f"
+    assert FORMAT.text(ids) == text
+    assert parse_tool_calls(FORMAT.text(ids)).tool_calls[0].name == "f"
     plain = tok.encode("just text", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|endoftext|>")]
-    assert r.output_text(plain) == "just text"
+    assert FORMAT.text(plain) == "just text"
 
 
 def _find(haystack: list[int], needle: list[int]) -> int:

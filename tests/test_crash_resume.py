@@ -53,7 +53,7 @@ def test_sigkill_mid_step_resumes_at_last_complete_step(fresh_server, tmp_path):
         first = await model.train(small, CONFIG, idempotency_key="k1")
         body = {"kind": "rl", "groups": [g.model_dump(mode="json") for g in big], "config": CONFIG.model_dump(),
                 "idempotency_key": "k2"}
-        job = (await model._request("POST", "/v1/runs/crash/jobs", json=body))["job_id"]
+        job = (await model.request("POST", "/v1/runs/crash/jobs", json=body))["job_id"]
         await _wait_for_event(crashy.url, job, "started")
         time.sleep(0.3)
         crashy.kill()  # SIGKILL, mid-step
@@ -61,13 +61,13 @@ def test_sigkill_mid_step_resumes_at_last_complete_step(fresh_server, tmp_path):
         restarted = fresh_server(data_dir=crashy_dir)
         model = await TrainableModel("crash").register(restarted.url)
         step = await model.get_step()
-        status = (await model._request("GET", f"/v1/jobs/{job}"))["status"]
+        status = (await model.request("GET", f"/v1/jobs/{job}"))["status"]
         assert (step, status) in ((1, "interrupted"), (2, "succeeded")), (step, status)
         # every completed step is in the store, with its trajectories
-        run = await model._request("GET", "/v1/runs/crash")
+        run = await model.request("GET", "/v1/runs/crash")
         assert [s["step"] for s in run["steps"]][:1] == [1]
-        assert run["steps"][0]["metrics"]["trainable_tokens"] == first.metrics["trainable_tokens"]
-        stored = (await model._request("GET", "/v1/runs/crash/trajectories", params={"step": 1}))["data"]
+        assert run["steps"][0]["metrics"]["trainable_tokens"] == first.metrics.trainable_tokens
+        stored = (await model.request("GET", "/v1/runs/crash/trajectories", params={"step": 1}))["data"]
         assert len(stored) == sum(len(g.trajectories) for g in small)
         assert any(isinstance(i, dict) and i.get("token_ids") for i in stored[0]["data"]["messages_and_choices"])
         # resubmitting the same key finishes the step once, with the same weights as the reference

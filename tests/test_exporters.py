@@ -22,8 +22,8 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 
 from client import TrainableModel, Trajectory, TrajectoryGroup
-from client.export import ExportConfigError, export_groups, make_exporter
-from client.types import choice_token_ids
+from exporters import ExportConfigError, export_groups, make_exporter
+from protocol.choices import choice_token_ids
 from tests.conftest import ServerProcess, free_port
 from tests.test_training_service import _groups, _with_rewards
 
@@ -311,8 +311,8 @@ def test_a_slow_or_dead_exporter_never_holds_up_training(fresh_server, monkeypat
                     wall = time.perf_counter() - t0
                     if label == "exporting" and first_lanes is None:
                         first_lanes = {d["name"]: d for d in httpx.get(srv.url + "/v1/exporters", timeout=10).json()["data"]}
-                    assert result.trained and result.metrics["prompt_mismatches"] == 0
-                    figures[label].append({"wall_s": round(wall, 3), "step_seconds": round(result.metrics["step_seconds"], 3)})
+                    assert result.trained and result.metrics.prompt_mismatches == 0
+                    figures[label].append({"wall_s": round(wall, 3), "step_seconds": round(result.metrics.step_seconds, 3)})
             # More batches while the lanes are stuck: one waits, the rest are dropped and counted.
             for _ in range(3):
                 await models["exporting"].log([TrajectoryGroup(trajectories=groups[0].trajectories[:1])])

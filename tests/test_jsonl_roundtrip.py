@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from client import ServerError, TrainableModel
-from client.export import download_jsonl, groups_from_jsonl, import_jsonl, read_jsonl
-from client.types import choice_logprobs, choice_token_ids
+from client.jsonl import download_jsonl, groups_from_jsonl, import_jsonl, read_jsonl
+from protocol.choices import choice_logprobs, choice_token_ids
 from tests.test_training_service import _groups, _with_rewards
 
 
@@ -60,7 +60,7 @@ def test_export_import_and_train_again(server, tmp_path):
             assert _tokens(again) == _tokens(trained)
 
             result = await dst.train(again)
-            m = result.metrics
+            m = result.metrics.model_dump()
             assert result.trained and result.step == 1
             assert m["prompt_mismatches"] == 0 and m["trained_choices"] == m["choices"] > 0
 

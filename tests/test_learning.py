@@ -55,7 +55,7 @@ def test_grpo_raises_reward_on_a_text_reward(server):
             groups = await _sample(model, _prompts(seed=step, k=GROUPS), GROUP_SIZE, seed=step)
             result = await model.train(groups, TrainConfig(learning_rate=1e-3, num_minibatches=4, epochs=2))
             trained += result.trained
-            assert result.metrics.get("logprob_gap") is None or result.metrics["logprob_gap"] < 1e-3  # on-policy
+            assert result.metrics.logprob_gap is None or result.metrics.logprob_gap < 1e-3  # on-policy
         after = _mean(await _sample(model, held_out, 4, seed=999))
         print(f"held-out reward before {before:.3f}, after {after:.3f} ({trained} trained steps)")
         assert trained >= STEPS - 1

@@ -17,7 +17,7 @@ from client.gather import TooManyExceptions
 from examples.demo import task as demo
 from rollouts.agent import StopReason, rollout, truncate_middle
 from rollouts.env import RolloutSettings
-from rollouts.retry import RetryPolicy
+from protocol.retry import RetryPolicy
 from tests.scripted_endpoint import ScriptedEndpoint, completion
 
 FAST_RETRY = RetryPolicy(attempts=3, initial_wait=0.05, max_wait=0.2)
@@ -70,7 +70,8 @@ def test_rollout_records_choices_and_tool_messages(server):
 def test_malformed_tool_call_stops_with_its_reason():
     async def go():
         with ScriptedEndpoint() as ep:
-            ep.replies = [completion('<tool_call>{"name": "get_price", "arguments": {"item": ', finish="stop")]
+            ep.replies = [completion('<tool_call>{"name": "get_price", "arguments": {"item": ', finish="stop",
+                                     malformed=True)]
             client = AsyncOpenAI(base_url=ep.url, api_key="x", max_retries=0)
             task = _demo_task()
             t = await rollout(client, "m", demo.ShopEnv(task), task, RolloutSettings(max_turns=4), FAST_RETRY)
@@ -122,7 +123,7 @@ def test_server_dying_mid_rollout_becomes_an_exception_not_a_reward(fresh_server
 
 def test_gather_hook_failure_excludes_the_group():
     async def go():
-        from client.types import Trajectory
+        from protocol.trajectory import Trajectory
 
         async def ok():
             return Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=1.0)

@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from openai.types.chat.chat_completion import Choice  # noqa: E402
 
-from client.types import Trajectory, TrajectoryGroup  # noqa: E402
+from protocol.trajectory import Trajectory, TrajectoryGroup  # noqa: E402
 from rewards.ruler import (  # noqa: E402
     JudgeConfig,
     JudgeError,

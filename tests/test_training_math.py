@@ -9,8 +9,9 @@ from server.training import losses
 from server.training.advantages import awr_weights, group_advantages
 from server.training.assemble import TrainSequence
 from server.training.batching import make_microbatch, plan
-from server.training.health import step_warnings
-from server.training.hyperparams import default_learning_rate
+from protocol.metrics import StepMetrics
+from server.training import health
+from server.training.hyperparams import learning_rate_for
 
 
 def test_constant_groups_are_dropped_not_trained():
@@ -136,8 +137,15 @@ def test_microbatch_targets_only_masked_tokens():
 
 
 def test_default_learning_rate_scales_with_model_size():
-    assert default_learning_rate(2560) == pytest.approx(4.7e-4, rel=0.05)
-    assert default_learning_rate(4096) < default_learning_rate(2560) < default_learning_rate(256)
+    assert learning_rate_for(2560, "qwen2") == pytest.approx(4.7e-4, rel=0.05)
+    assert learning_rate_for(4096, "qwen2") < learning_rate_for(2560, "qwen2") < learning_rate_for(256, "qwen2")
+    # tinker-cookbook's Llama fit falls much faster with width: 8B's hidden size 4096 -> ~2.9e-4
+    assert learning_rate_for(4096, "llama") == pytest.approx(2.86e-4, rel=0.05)
+    assert learning_rate_for(576, "llama") > 2 * learning_rate_for(576, "qwen2")
+
+
+def step_warnings(figures: dict, previous: dict | None = None) -> list[str]:
+    return health.step_warnings(StepMetrics(**figures), None if previous is None else StepMetrics(**previous))
 
 
 def test_warnings_speak_plainly():

@@ -48,7 +48,7 @@ def test_constant_rewards_train_nothing_and_say_so(server):
             result = await model.train(_with_rewards(groups, rewards))
             assert not result.trained
             assert result.step == 0 and await model.get_step() == 0
-            assert result.metrics["groups_dropped_constant"] == 2
+            assert result.metrics.groups_dropped_constant == 2
             assert any("same reward" in w for w in result.warnings)
     asyncio.run(go())
 
@@ -74,12 +74,12 @@ def test_a_dropped_group_still_counts_in_the_loss_normaliser(server):
         model = await TrainableModel("share").register(server.url)
         groups = _with_rewards(await _groups(model, 2, 4, seed=3), [[1, 1, 1, 1], [0, 1, 0, 1]])
         result = await model.train(groups, TrainConfig(learning_rate=1e-3))
-        m = result.metrics
+        m = result.metrics.model_dump()
         assert result.trained and m["groups_dropped_constant"] == 1
         dropped = sum(len(c.token_ids) for t in groups[0].trajectories for c in t.choices())
         assert m["signal_share"] == pytest.approx(m["trainable_tokens"] / (m["trainable_tokens"] + dropped))
         plain = await model.train(groups, TrainConfig(learning_rate=1e-3, count_dropped_groups=False))
-        assert plain.metrics["signal_share"] == 1.0
+        assert plain.metrics.signal_share == 1.0
     asyncio.run(go())
 
 
@@ -93,7 +93,7 @@ def test_weight_decay_is_applied(server):
             if groups is None:
                 groups = _with_rewards(await _groups(model, 1, 4, seed=4), [[0, 1, 0, 1]])
             result = await model.train(groups, TrainConfig(learning_rate=1e-3, weight_decay=wd))
-            norms[wd] = result.metrics["lora_update_norm"]
+            norms[wd] = result.metrics.lora_update_norm
         assert norms[50.0] > norms[0.0] * 1.2, norms
     asyncio.run(go())
 
@@ -110,7 +110,7 @@ def test_on_policy_multiturn_step_is_token_exact_and_moves_the_lora(server):
         sampler = asyncio.create_task(_groups(model, 2, 4, seed=2))
         result = await model.train(groups, TrainConfig(learning_rate=1e-3))
         await sampler
-        m = result.metrics
+        m = result.metrics.model_dump()
         assert result.trained and result.step == 1
         assert m["logprob_gap"] <= 1e-3
         assert m["prompt_mismatches"] == 0 and m["trained_choices"] == m["choices"]
@@ -136,9 +136,9 @@ def test_exceptions_are_counted_not_scored(server):
         g = _with_rewards(groups, [[0.0, 1.0, 0.5]])[0]
         g = TrajectoryGroup(trajectories=g.trajectories, exceptions=["APIConnectionError: server down"])
         result = await model.train([g])
-        assert result.metrics["trajectories_excluded"] == 1
-        assert result.metrics["trajectories_total"] == 3
-        assert result.metrics["reward_mean"] == pytest.approx(0.5)  # the failure is not a zero reward
+        assert result.metrics.trajectories_excluded == 1
+        assert result.metrics.trajectories_total == 3
+        assert result.metrics.reward_mean == pytest.approx(0.5)  # the failure is not a zero reward
     asyncio.run(go())
 
 
@@ -162,7 +162,7 @@ def test_sft_lowers_loss_on_its_demonstrations(server):
         first = await model.train_sft(convs)
         second = await model.train_sft(convs)
         assert first.trained and second.step == 2
-        assert second.metrics["loss"] < first.metrics["loss"]
+        assert second.metrics.loss < first.metrics.loss
     asyncio.run(go())
 
 
@@ -215,7 +215,7 @@ def test_checkpoints_list_delete_and_prune_keep_latest_and_best(server):
         steps = [c["step"] for c in await model.list_checkpoints()]
         assert steps == [0, 1, 2, 3]
         with pytest.raises(ServerError) as e:
-            await model._request("DELETE", "/v1/runs/ckpt/checkpoints/3")
+            await model.request("DELETE", "/v1/runs/ckpt/checkpoints/3")
         assert e.value.status == 409
         best = max((c for c in await model.list_checkpoints() if c["step"] > 0),
                    key=lambda c: c["metrics"]["lora_update_norm"])["step"]

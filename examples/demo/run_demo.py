@@ -7,7 +7,6 @@ ordinary `python -m client.train` CLI talking to it over HTTP.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,10 +17,8 @@ import typer
 
 from client.local_server import ROOT, LocalServer
 
-# About 4 minutes on the 2-core CPU. One optimizer step per batch of 16 groups at lr 2e-3. Faster
-# settings were unstable once the habit was fixed: at 3e-3, or with 8 groups per step, a single
-# step sometimes taught the model to emit "<tool_call><tool_call>", a malformed call on every
-# rollout (reward 0 until it recovered, or for good at 3e-3).
+# One optimizer step per batch of 16 groups at lr 2e-3: faster settings (3e-3, or 8 groups per step)
+# can teach the model a malformed tool call that every rollout then repeats (see the README).
 DEMO_ARGS = ["--example", "demo", "--steps", "16", "--groups-per-step", "16", "--group-size", "8",
              "--eval-every", "4", "--eval-tasks", "64", "--learning-rate", "2e-3"]
 
@@ -38,7 +35,7 @@ def main(port: int = 8765, out: Path = Path("out/demo"), steps: int = typer.Opti
         if steps is not None:
             args[args.index("--steps") + 1] = str(steps)
         cmd = [sys.executable, "-m", "client.train", "--server", server.url, "--run", "demo", "--out", str(out), *args]
-        rc = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+        rc = subprocess.call(cmd, cwd=ROOT)
         if rc != 0:
             raise SystemExit(rc)
     summary = json.loads((out / "summary.json").read_text())

@@ -24,8 +24,8 @@ import typer
 
 from client import SFTConfig, TrainableModel
 from client.local_server import ROOT, LocalServer
-from client.types import Conversation
 from examples.demo import task as demo
+from protocol.trajectory import Conversation
 
 SHIPPED = ROOT / "server" / "embedded" / "model"
 
@@ -69,13 +69,15 @@ def merge(base: Path, checkpoint_root: Path, out: Path) -> None:
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from protocol.config import RunSpec
+    from server.model_host import lora_targets
     from server.training import checkpoints
-    from server.training.runs import RunSpec
 
     step = checkpoints.steps(checkpoint_root)[-1]
     spec = RunSpec.model_validate_json((checkpoint_root.parent / "run.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    lora = LoraConfig(r=spec.lora.rank, lora_alpha=spec.lora.alpha, target_modules=spec.lora.target_modules)
+    lora = LoraConfig(r=spec.lora.rank, lora_alpha=spec.lora.alpha,
+                      target_modules=spec.lora.target_modules or lora_targets(model))
     peft_model = get_peft_model(model, lora)
     set_peft_model_state_dict(peft_model, checkpoints.read_adapter(checkpoint_root, step))
     merged = peft_model.merge_and_unload()

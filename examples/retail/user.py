@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Protocol
 
-from client.types import is_choice_dict
+from protocol.choices import is_choice_dict
 from examples.retail.db import CANCEL_REASONS
 from examples.retail.tasks import RetailTask
 from rollouts.env import Message

@@ -13,6 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from protocol.jobs import JOB_KINDS
+
 log = logging.getLogger("artisan.api")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -37,7 +39,8 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 
 
 def _loc(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body",)]
+    # "body" and the job kind a discriminated union adds are not part of the field's path.
+    parts = [str(p) for i, p in enumerate(loc) if p != "body" and not (i == 1 and p in JOB_KINDS)]
     if not parts:
         return None
     out = parts[0]
@@ -70,4 +73,4 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        return error_response(500, "internal error; the server logged it", code="internal_error")

@@ -9,48 +9,46 @@ from typing import Any, Iterator
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from client.types import Trajectory
+from protocol.choices import INT64
+from protocol.trajectory import Trajectory
 from server.api.auth import require_api_key
+from server.api.deps import RunDep, State
 from server.api.errors import APIError
+from server.api.limits import GuardedRoute
+from server.api.training_routes import SPLIT
 
-router = APIRouter(dependencies=[Depends(require_api_key)])
-SPLIT = r"^[A-Za-z0-9_-]{1,32}$"
-
-
-def _state(request: Request):
-    return request.app.state.artisan
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
 
 
-def _require_run(request: Request, name: str) -> None:
-    if name not in _state(request).runs.runs:
-        raise APIError(404, f"run {name!r} does not exist", param="name", code="run_not_found")
+class ExportLine(BaseModel):
+    """One line of export.jsonl, as import reads it back."""
+
+    trajectory: Trajectory
+    step: int = Field(default=0, ge=0, le=INT64)
+    split: str = Field(default="train", pattern=SPLIT)
+    group_index: int = Field(default=0, ge=0, le=INT64)
+    traj_index: int = Field(default=0, ge=0, le=INT64)
 
 
 @router.get("/v1/exporters")
-async def exporters(request: Request) -> dict[str, Any]:
+async def exporters(state: State) -> dict[str, Any]:
     """Per exporter: trajectories exported, failed, dropped (queue full), queued, in flight, last error."""
-    dispatcher = _state(request).exports
+    dispatcher = state.exports
     if dispatcher is None:
         return {"enabled": False, "data": []}
     return {"enabled": True, **dispatcher.stats()}
 
 
 @router.get("/v1/runs/{name}/export.jsonl")
-async def export_jsonl(name: str, request: Request, step: int | None = None,
+async def export_jsonl(run: RunDep, state: State, step: int | None = Query(None, ge=0, le=INT64),
                        split: str | None = Query(None, pattern=SPLIT)) -> StreamingResponse:
     """One JSON line per stored trajectory: run, step, split, group_index, traj_index, reward, trajectory."""
-    _require_run(request, name)
-    store = _state(request).store
+    store, name = state.store, run.name
 
     def lines() -> Iterator[bytes]:  # one step at a time: a long run's export need not fit in memory
-        if step is not None:
-            steps = [step]
-        else:
-            # The store has no step listing of its own; a DISTINCT over its index is cheap.
-            steps = [r["step"] for r in store._rows("SELECT DISTINCT step FROM trajectories WHERE run = ? ORDER BY step", (name,))]
-        for s in steps:
+        for s in [step] if step is not None else store.trajectory_steps(name):
             for r in store.trajectories(name, s, split):
                 rec = {"run": name, "step": r["step"], "split": r["split"], "group_index": r["group_index"],
                        "traj_index": r["traj_index"], "reward": r["reward"], "trajectory": r["data"]}
@@ -61,11 +59,11 @@ async def export_jsonl(name: str, request: Request, step: int | None = None,
 
 
 def _why(e: Exception) -> str:
-    if isinstance(e, KeyError):
-        return "no 'trajectory'"
     if isinstance(e, ValidationError):
         err = e.errors()[0]
-        return f"trajectory.{'.'.join(str(x) for x in err.get('loc', ()))}: {err['msg']}"
+        return f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err['msg']}"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
     return str(e).splitlines()[0][:300]
 
 
@@ -79,28 +77,25 @@ def _parse(body: bytes, split: str | None) -> list[tuple[int, str, int, int, flo
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-            traj = Trajectory.model_validate(rec["trajectory"])
-            row_split = split or str(rec.get("split", "train"))
-            rows.append((int(rec.get("step", 0)), row_split, int(rec.get("group_index", 0)),
-                         int(rec.get("traj_index", 0)), traj.reward, traj.model_dump(mode="json")))
-        except (ValueError, KeyError, TypeError, ValidationError) as e:
+            rec = ExportLine.model_validate_json(line)
+        except (ValueError, RecursionError) as e:  # pydantic's ValidationError is a ValueError
             raise APIError(400, f"line {n}: {_why(e)}", param="body", code="invalid_jsonl")
+        rows.append((rec.step, split or rec.split, rec.group_index, rec.traj_index, rec.trajectory.reward,
+                     rec.trajectory.model_dump(mode="json")))
     return rows
 
 
 @router.post("/v1/runs/{name}/import")
-async def import_jsonl(name: str, request: Request, split: str | None = Query(None, pattern=SPLIT)) -> dict[str, Any]:
+async def import_jsonl(run: RunDep, request: Request, state: State,
+                       split: str | None = Query(None, pattern=SPLIT)) -> dict[str, Any]:
     """Store trajectories from an export into this run, at their steps and groups (and `split`, if
     given, instead of theirs). Added beside what the run has; nothing is trained or created."""
-    _require_run(request, name)
     rows = await asyncio.to_thread(_parse, await request.body(), split)
     if not rows:
         raise APIError(400, "no trajectories in the body: send the JSONL that export.jsonl returns", param="body")
     by_key: dict[tuple[int, str], list[tuple[int, int, float, dict[str, Any]]]] = {}
     for step, row_split, g, t, reward, data in rows:
         by_key.setdefault((step, row_split), []).append((g, t, reward, data))
-    store = _state(request).store
     for (step, row_split), batch in sorted(by_key.items()):
-        await asyncio.to_thread(store.put_trajectories, name, step, row_split, batch)
+        await asyncio.to_thread(state.store.put_trajectories, run.name, step, row_split, batch)
     return {"stored": len(rows), "steps": sorted({k[0] for k in by_key}), "splits": sorted({k[1] for k in by_key})}

@@ -1,28 +1,47 @@
-"""Typed request models for the OpenAI-compatible routes."""
+"""Typed request models for the OpenAI-compatible routes.
+
+The published schema states what the handlers enforce: message roles and shapes, tool specs,
+every numeric bound. Message order (tool results after their call) is checked by
+server/chat/validate.py, which names the offending message.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+
+from protocol.choices import INT64
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 64
+MAX_STOPS = 4
+
+_TEXT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+    "type": "object", "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}
+_TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
+    "id": {"type": "string"}, "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "arguments": {"anyOf": [{"type": "string"}, {"type": "object"}]}}}}}
+MESSAGES_SCHEMA = {"type": "array", "minItems": 1, "items": {"oneOf": [
+    {"type": "object", "required": ["role", "content"],
+     "properties": {"role": {"enum": ["system", "developer", "user"]}, "content": _TEXT, "name": {"type": "string"}}},
+    {"type": "object", "required": ["role"], "properties": {
+        "role": {"const": "assistant"}, "content": {"anyOf": [_TEXT, {"type": "null"}]},
+        "reasoning_content": {"type": "string"}, "tool_calls": {"type": "array", "items": _TOOL_CALL},
+        "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}}}},
+    {"type": "object", "required": ["role", "tool_call_id", "content"], "properties": {
+        "role": {"const": "tool"}, "tool_call_id": {"type": "string"}, "content": _TEXT}},
+]}}
 
 
 class FunctionSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: str
+    name: str = Field(pattern=_TOOL_NAME.pattern)
     description: str | None = None
     parameters: dict[str, Any] | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _TOOL_NAME.match(v):
-            raise ValueError("function name must be 1-64 characters of letters, digits, _ or -")
-        return v
 
     @field_validator("parameters")
     @classmethod
@@ -45,26 +64,74 @@ class ToolSpec(BaseModel):
     function: FunctionSpec
 
 
+class NamedFunction(BaseModel):
+    name: str = Field(pattern=_TOOL_NAME.pattern)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    name: str = Field(default="response", max_length=64)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _needs_schema(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs json_schema")
+        return self
+
+
+Messages = Annotated[list[dict[str, Any]], WithJsonSchema(MESSAGES_SCHEMA)]
+ToolChoice = Annotated[Any, WithJsonSchema({"anyOf": [
+    {"enum": ["auto", "none", "required"]},
+    {"type": "object", "required": ["function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string", "pattern": _TOOL_NAME.pattern}}}}},
+    {"type": "null"}]})]
+
+
 class ChatCompletionRequest(BaseModel):
     # Unknown OpenAI parameters (user, frequency_penalty, ...) are accepted and ignored.
     model_config = ConfigDict(extra="allow")
 
-    model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[ToolSpec] | None = None
-    tool_choice: Literal["auto", "none"] | None = None
+    model: str = Field(max_length=300)
+    messages: Messages = Field(min_length=1)
+    tools: list[ToolSpec] | None = Field(default=None, max_length=128)
+    tool_choice: ToolChoice = None
+    response_format: ResponseFormat | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = Field(default=None, validate_default=True)
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # OpenAI's int64
+    temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT64)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64)
+    stop: Union[str, list[str], None] = Field(default=None, validate_default=True)
+    seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # OpenAI's int64
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: Any) -> str | NamedToolChoice | None:
+        if v is None or v in ("auto", "none", "required"):
+            return v
+        if isinstance(v, dict):
+            return NamedToolChoice.model_validate(v)
+        raise ValueError("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}")
 
     @field_validator("stop")
     @classmethod
@@ -72,14 +139,19 @@ class ChatCompletionRequest(BaseModel):
         if v is None:
             return []
         stops = [v] if isinstance(v, str) else v
-        if len(stops) > 4:
-            raise ValueError("at most 4 stop sequences")
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences")
         return [s for s in stops if s]
 
     @model_validator(mode="after")
     def _check(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs: true")
+        named = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+        if named is not None and named not in {t.function.name for t in self.tools or []}:
+            raise ValueError(f"tool_choice names {named!r}, which is not among the tools")
+        if self.tool_choice == "required" and not self.tools:
+            raise ValueError("tool_choice 'required' needs tools")
         return self
 
     def token_budget(self) -> int | None:
@@ -87,3 +159,7 @@ class ChatCompletionRequest(BaseModel):
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    @property
+    def tools_enabled(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"

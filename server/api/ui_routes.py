@@ -12,11 +12,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path as PathParam, Query
 from fastapi.responses import FileResponse, RedirectResponse
 
+from protocol.choices import INT64
 from server.api.auth import require_api_key
+from server.api.deps import RunName, ServerState, State
 from server.api.errors import APIError
+from server.api.limits import GuardedRoute
 from server.store import json_safe
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
@@ -26,8 +29,8 @@ _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'
         "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'")
 _PAGE_HEADERS = {"Content-Security-Policy": _CSP, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
-page = APIRouter(include_in_schema=False)
-api = APIRouter(prefix="/ui/api", dependencies=[Depends(require_api_key)])
+page = APIRouter(include_in_schema=False, route_class=GuardedRoute)
+api = APIRouter(prefix="/ui/api", dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
 
 
 @page.get("/ui")
@@ -50,21 +53,16 @@ async def ui_static(name: str) -> FileResponse:
     return FileResponse(files[name], media_type=_MEDIA_TYPES[files[name].suffix], headers=_PAGE_HEADERS)
 
 
-def _state(request: Request):
-    return request.app.state.artisan
-
-
-def _known_runs(request: Request) -> dict[str, dict[str, Any]]:
+def _known_runs(state: ServerState) -> dict[str, dict[str, Any]]:
     """Runs the server hosts, plus any the store remembers whose checkpoints are gone."""
-    state = _state(request)
     out = {r["name"]: {"name": r["name"], "project": r["project"], "step": None} for r in state.store.runs()}
-    for name, run in state.runs.runs.items():
-        out[name] = {"name": name, "project": run.spec.project, "step": run.step}
+    for run in state.runs.all():
+        out[run.name] = {"name": run.name, "project": run.spec.project, "step": run.step}
     return out
 
 
-def _require_run(request: Request, name: str) -> dict[str, Any]:
-    run = _known_runs(request).get(name)
+def _require_run(state: ServerState, name: str) -> dict[str, Any]:
+    run = _known_runs(state).get(name)
     if run is None:
         raise APIError(404, f"run {name!r} does not exist", param="name", code="run_not_found")
     return run
@@ -78,9 +76,9 @@ def _curves(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 @api.get("/runs")
-async def ui_runs(request: Request) -> dict[str, Any]:
-    store = _state(request).store
-    runs = list(_known_runs(request).values())
+async def ui_runs(state: State) -> dict[str, Any]:
+    store = state.store
+    runs = list(_known_runs(state).values())
     for run in runs:
         curves = _curves(await asyncio.to_thread(store.reward_by_step, run["name"]))
         run["last_reward"] = curves["train"][-1]["reward_mean"] if curves.get("train") else None
@@ -89,9 +87,9 @@ async def ui_runs(request: Request) -> dict[str, Any]:
 
 
 @api.get("/runs/{name}")
-async def ui_run(name: str, request: Request) -> dict[str, Any]:
-    run = _require_run(request, name)
-    store = _state(request).store
+async def ui_run(name: RunName, state: State) -> dict[str, Any]:
+    run = _require_run(state, name)
+    store = state.store
     steps = await asyncio.to_thread(store.steps, name)
     curves = _curves(await asyncio.to_thread(store.reward_by_step, name))
     return {**run, "steps": [{k: s[k] for k in ("step", "kind", "metrics", "warnings")} for s in steps],
@@ -99,11 +97,11 @@ async def ui_run(name: str, request: Request) -> dict[str, Any]:
 
 
 @api.get("/runs/{name}/steps/{step}/groups")
-async def ui_step_groups(name: str, step: int, request: Request,
+async def ui_step_groups(name: RunName, state: State, step: int = PathParam(ge=0, le=INT64),
                          split: str = Query("train", max_length=32)) -> dict[str, Any]:
     """A step's groups, those with the widest reward spread first: where the learning signal is."""
-    _require_run(request, name)
-    rows = await asyncio.to_thread(_state(request).store.find_trajectories, name, step=step, split=split,
+    _require_run(state, name)
+    rows = await asyncio.to_thread(state.store.find_trajectories, name, step=step, split=split,
                                    limit=100_000)
     groups: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
@@ -122,16 +120,18 @@ async def ui_step_groups(name: str, step: int, request: Request,
 
 
 @api.get("/runs/{name}/trajectories")
-async def ui_trajectories(name: str, request: Request, step: int | None = None,
-                          split: str | None = Query(None, max_length=32), group: int | None = None,
-                          min_reward: float | None = None, max_reward: float | None = None,
+async def ui_trajectories(name: RunName, state: State, step: int | None = Query(None, ge=0, le=INT64),
+                          split: str | None = Query(None, max_length=32),
+                          group: int | None = Query(None, ge=0, le=INT64),
+                          min_reward: float | None = Query(None, allow_inf_nan=False),
+                          max_reward: float | None = Query(None, allow_inf_nan=False),
                           meta_key: str | None = Query(None, max_length=200),
                           meta_value: str | None = Query(None, max_length=1000),
                           q: str | None = Query(None, max_length=1000),
                           limit: int = Query(200, ge=1, le=5000)) -> dict[str, Any]:
     """Summaries matching every filter given; messages and tokens come from /trajectories/{id}."""
-    _require_run(request, name)
-    rows = await asyncio.to_thread(_state(request).store.find_trajectories, name, step=step, split=split,
+    _require_run(state, name)
+    rows = await asyncio.to_thread(state.store.find_trajectories, name, step=step, split=split,
                                    group=group, min_reward=min_reward, max_reward=max_reward,
                                    meta_key=meta_key or None, meta_value=meta_value, text=q or None,
                                    limit=limit + 1)
@@ -139,8 +139,8 @@ async def ui_trajectories(name: str, request: Request, step: int | None = None,
 
 
 @api.get("/trajectories/{traj_id}")
-async def ui_trajectory(traj_id: int, request: Request) -> dict[str, Any]:
-    row = await asyncio.to_thread(_state(request).store.trajectory, traj_id)
+async def ui_trajectory(state: State, traj_id: int = PathParam(ge=0, le=INT64)) -> dict[str, Any]:
+    row = await asyncio.to_thread(state.store.trajectory, traj_id)
     if row is None:
         raise APIError(404, f"trajectory {traj_id} does not exist", code="trajectory_not_found")
     return json_safe(row)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from server.chat.render import CHAT_TEMPLATE, render_text
+from server.embedded.template import CHAT_TEMPLATE, render_text
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Single tokens for the tool-call markup, as in Qwen2.5 (not special: they decode into text).
@@ -93,10 +93,10 @@ def pretrain(model, tokenizer, steps: int, batch_size: int = 16, lr: float = 2e-
 
     import torch
 
-    from server.chat.render import Renderer
+    from server.chat.format import ChatFormat
     from server.embedded.corpus import conversation
 
-    renderer = Renderer(tokenizer)
+    renderer = ChatFormat.build(tokenizer).renderer
     rng = random.Random(seed + 1)
     params = [p for p in model.parameters()]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
@@ -107,7 +107,7 @@ def pretrain(model, tokenizer, steps: int, batch_size: int = 16, lr: float = 2e-
         scale = (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
         for g in opt.param_groups:
             g["lr"] = lr * scale
-        seqs = [renderer.render(*conversation(rng), add_generation_prompt=False) for _ in range(batch_size)]
+        seqs = [renderer.render(*conversation(rng), add_generation_prompt=False).ids for _ in range(batch_size)]
         width = max(len(s) for s in seqs)
         ids = torch.full((batch_size, width), tokenizer.pad_token_id)
         labels = torch.full((batch_size, width), -100)

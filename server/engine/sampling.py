@@ -1,13 +1,15 @@
 """Next-token sampling for a batch of rows with their own settings.
 
 The logprob reported for a sampled token is log softmax(logits / T) at the row's own
-temperature, taken before top-p truncation (invariant 2): that is the distribution the trainer
-recomputes, so an on-policy step starts with ratio 1. Greedy rows (T = 0) report T = 1 logprobs.
+temperature, taken before top-p truncation or a grammar's mask (invariant 2): that is the
+distribution the trainer recomputes, so an on-policy step starts with ratio 1. Greedy rows
+(T = 0) report T = 1 logprobs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -21,6 +23,7 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0
     ignore_eos: bool = False
+    constraint: Any = None  # server.engine.constraints.Constraint: a grammar the output must follow
 
     @property
     def logprob_temperature(self) -> float:
@@ -54,12 +57,18 @@ def sample(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     top_k: int = 0,
+    allowed: torch.Tensor | None = None,
 ) -> Sampled:
+    """`allowed`: [B, V] booleans, the tokens each row's grammar permits (all True when none)."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
     top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
     logprobs = logprobs_at_temperature(logits, temperature)
     probs = logprobs.exp()
+    if allowed is not None:
+        probs = probs * allowed
+        probs = probs / probs.sum(-1, keepdim=True)
+        logits = logits.masked_fill(~allowed, float("-inf"))  # greedy rows pick among the allowed too
     if bool((top_p < 1).any()):
         probs = top_p_filter(probs, top_p)
     tokens = torch.empty(len(params), dtype=torch.long, device=device)

@@ -1,80 +1,49 @@
-"""Iteration-level batching: one background thread decodes every running sequence together.
+"""The torch engine: one background thread decodes every running sequence together.
 
-Each loop iteration admits waiting requests (prefilled in groups of equal prompt length, so no
+Each loop iteration admits waiting sequences (prefilled in groups of equal prompt length, so no
 padding is computed), then runs one decode step for all rows, then retires the finished ones.
 New requests therefore join at the next step boundary instead of waiting for a batch to drain,
-and 32 concurrent rollouts cost about one batched generate.
+and 32 concurrent rollouts cost about one batched generate. One request never holds more than
+half the rows, so a large `n` cannot shut everyone else out.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
-import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from server.engine.base import EngineError, EngineFull, GenRequest, Sequence
+from server.engine.constraints import ConstraintState
 from server.engine.kv_cache import BatchKV
-from server.engine.sampling import SamplingParams, sample
-from server.model_host import ModelHost, Policy
+from server.engine.sampling import sample
+from server.model_host import ModelHost
 
 log = logging.getLogger("artisan.engine")
 
 
-class EngineFull(Exception):
-    """The waiting queue is full; the API answers 503 with Retry-After."""
-
-
-@dataclass
-class Sequence:
-    request: "GenRequest"
-    index: int
-    generator: torch.Generator | None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_text_end: int | None = None  # where the output text is cut when a stop string matched
-
-
-@dataclass
-class GenRequest:
-    prompt_ids: list[int]
-    params: SamplingParams
-    policy: Policy
-    n: int = 1
-    # Called from the engine thread: ("token", seq), ("finished", seq) or ("error", exception).
-    emit: Callable[[str, object], None] = lambda kind, payload: None
-    stream: bool = False
-    cancelled: bool = False
-    sequences: list[Sequence] = field(default_factory=list)
-    id: int = field(default_factory=itertools.count().__next__)
-
-
-class Engine:
+class TorchEngine:
     def __init__(self, host: ModelHost, max_batch: int = 64, max_waiting: int = 512):
         self.host = host
         self.max_batch = max_batch
         self.max_waiting = max_waiting
-        self._waiting: deque[GenRequest] = deque()
+        self.rows_per_request = max(1, max_batch // 2)
+        self._waiting: deque[Sequence] = deque()
         self._rows: list[Sequence] = []
         self._kv: BatchKV | None = None
         self._cv = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="artisan-engine", daemon=True)
-        self.steps = 0
-        self.tokens_generated = 0
-        host.adapters_in_use = self._adapters_in_use
+        self.text_of: Callable[[list[int]], str] = host.chat.text  # the text stop strings are matched in
         cfg = host.config
         self._layers = cfg.num_hidden_layers
         self._kv_heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
         self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
-    # ---- public ---------------------------------------------------------------------------
+    # ---- Engine ---------------------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
 
@@ -86,30 +55,35 @@ class Engine:
 
     def submit(self, req: GenRequest) -> None:
         with self._cv:
-            waiting = sum(r.n for r in self._waiting)
-            if waiting + req.n > self.max_waiting:
-                raise EngineFull(f"{waiting} sequences are waiting (limit {self.max_waiting})")
-            gens = []
-            for i in range(req.n):
-                g = None
-                if req.params.seed is not None:
-                    g = torch.Generator(device=self.host.device)
-                    g.manual_seed((req.params.seed + i) % 2**64)  # torch takes [0, 2**64)
-                gens.append(g)
-            req.sequences = [Sequence(req, i, g) for i, g in enumerate(gens)]
-            self._waiting.append(req)
+            if len(self._waiting) + req.n > self.max_waiting:
+                raise EngineFull(f"{len(self._waiting)} sequences are waiting (limit {self.max_waiting})")
+            req.sequences = [Sequence(req, i, generator=self._generator(req, i),
+                                      constraint=req.params.constraint and ConstraintState(self.host.chat, req.params.constraint))
+                             for i in range(req.n)]
+            self._waiting.extend(req.sequences)
             self._cv.notify_all()
 
-    def _adapters_in_use(self) -> set[str]:
-        with self._cv:
-            reqs = [s.request for s in self._rows] + list(self._waiting)
-        return {r.policy.adapter for r in reqs if r.policy.adapter}
+    def load_adapter(self, name: str, lora_config: Any, state: dict[str, Any]) -> None:
+        with self.host.lock:
+            self.host.delete_adapter(name)
+            self.host.add_adapter(name, lora_config, state)
+
+    def unload_adapter(self, name: str) -> None:
+        with self.host.lock:
+            self.host.delete_adapter(name)
 
     @property
     def load(self) -> dict[str, int]:
-        return {"running": len(self._rows), "waiting": sum(r.n for r in self._waiting)}
+        return {"running": len(self._rows), "waiting": len(self._waiting)}
 
-    # ---- loop -----------------------------------------------------------------------------
+    def _generator(self, req: GenRequest, i: int) -> torch.Generator | None:
+        if req.params.seed is None:
+            return None
+        g = torch.Generator(device=self.host.device)
+        g.manual_seed((req.params.seed + i) % 2**64)  # torch takes [0, 2**64)
+        return g
+
+    # ---- loop -----------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cv:
@@ -120,56 +94,58 @@ class Engine:
                 admitted = self._admit()
             try:
                 with self.host.lock, torch.inference_mode():
-                    if admitted:
-                        self._prefill(admitted)
+                    self._prefill(admitted)
                     self._drop_cancelled()
                     if self._rows:
                         self._decode_step()
             except Exception as exc:  # a failed forward fails its requests, not the server
                 log.exception("engine step failed")
-                for req in self._affected(admitted):
+                for req in {id(s.request): s.request for s in self._rows + admitted}.values():
                     req.emit("error", exc)
                 self._rows, self._kv = [], None
 
-    def _affected(self, admitted: list[GenRequest]) -> list[GenRequest]:
-        seen: dict[int, GenRequest] = {}
-        for r in [s.request for s in self._rows] + admitted:
-            seen[r.id] = r
-        return list(seen.values())
-
-    def _admit(self) -> list[GenRequest]:
-        admitted = []
+    def _admit(self) -> list[Sequence]:
+        """Waiting sequences in arrival order, as rows allow, at most `rows_per_request` each."""
         free = self.max_batch - len(self._rows)
-        while self._waiting and (self._waiting[0].n <= free or not self._rows and not admitted):
-            req = self._waiting.popleft()
-            if req.cancelled:
+        held: dict[int, int] = {}
+        for s in self._rows:
+            held[s.request.id] = held.get(s.request.id, 0) + 1
+        admitted, deferred = [], deque()
+        while self._waiting and free > 0:
+            s = self._waiting.popleft()
+            if s.request.cancelled:
                 continue
-            free -= req.n
-            admitted.append(req)
+            if held.get(s.request.id, 0) >= self.rows_per_request:
+                deferred.append(s)
+                continue
+            held[s.request.id] = held.get(s.request.id, 0) + 1
+            admitted.append(s)
+            free -= 1
+        self._waiting.extendleft(reversed(deferred))
         return admitted
 
-    def _prefill(self, requests: list[GenRequest]) -> None:
+    def _prefill(self, seqs: list[Sequence]) -> None:
         by_length: dict[int, list[Sequence]] = {}
-        for req in requests:
-            by_length.setdefault(len(req.prompt_ids), []).extend(req.sequences)
-        for length, seqs in by_length.items():
-            ids = torch.tensor([s.request.prompt_ids for s in seqs], device=self.host.device)
-            kv = BatchKV.empty(self._layers, len(seqs), self._kv_heads, self._head_dim, length + 64,
+        for s in seqs:
+            by_length.setdefault(len(s.request.prompt_ids), []).append(s)
+        for length, group in by_length.items():
+            ids = torch.tensor([s.request.prompt_ids for s in group], device=self.host.device)
+            kv = BatchKV.empty(self._layers, len(group), self._kv_heads, self._head_dim, length + 64,
                                self.host.dtype, self.host.device)
             out = self.host.forward(
-                ids, [s.request.policy.adapter for s in seqs],
+                ids, [s.request.policy.adapter for s in group],
                 past_key_values=kv.cache(), use_cache=True,
                 attention_mask=torch.ones_like(ids),
-                position_ids=torch.arange(length, device=ids.device)[None, :].expand(len(seqs), -1),
+                position_ids=torch.arange(length, device=ids.device)[None, :].expand(len(group), -1),
                 logits_to_keep=1,
             )
             kv.advance(length)
-            self._accept(seqs, out.logits[:, -1, :])
             if self._kv is None:
                 self._kv = kv
             else:
                 self._kv.extend(kv)
-            self._rows.extend(seqs)
+            self._rows.extend(group)
+            self._accept(group, out.logits[:, -1, :])
         self._retire()
 
     def _decode_step(self) -> None:
@@ -184,37 +160,53 @@ class Engine:
             attention_mask=kv.attention_mask(extra=1), position_ids=positions,
         )
         kv.advance(1)
-        self.steps += 1
         self._accept(self._rows, out.logits[:, -1, :])
         self._retire()
 
     def _accept(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Sample one token per row, record it, and decide whether the row is done."""
-        params = [s.request.params for s in seqs]
-        k = max(p.top_logprobs for p in params)
-        out = sample(logits, params, [s.generator for s in seqs], top_k=k)
+        """Sample one token per row, record it, and decide whether the row is done. A row whose
+        logits are not finite (a poisoned adapter) fails alone; its batch-mates sample as usual."""
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        good = [i for i, ok in enumerate(finite) if ok]
+        for i, ok in enumerate(finite):
+            if not ok:
+                seqs[i].finish_reason = "error"
+        if not good:
+            return
+        rows = [seqs[i] for i in good]
+        params = [s.request.params for s in rows]
+        out = sample(logits[good], params, [s.generator for s in rows], top_k=max(p.top_logprobs for p in params),
+                     allowed=self._allowed(rows, logits.shape[-1]))
         tokens, lps = out.tokens.tolist(), out.logprobs.tolist()
-        tops_ids = out.top_ids.tolist() if out.top_ids is not None else None
-        tops_lp = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-        eos = set(self.host.eos_ids)
-        for i, s in enumerate(seqs):
-            p = s.request.params
-            s.token_ids.append(tokens[i])
-            s.logprobs.append(lps[i])
-            if p.top_logprobs and tops_ids is not None:
-                s.top_logprobs.append(list(zip(tops_ids[i][: p.top_logprobs], tops_lp[i][: p.top_logprobs])))
-            self.tokens_generated += 1
-            if tokens[i] in eos and not p.ignore_eos:
-                s.finish_reason = "stop"
-            elif p.stop and self._hit_stop(s):
-                s.finish_reason = "stop"
-            elif len(s.token_ids) >= p.max_tokens:
-                s.finish_reason = "length"
-            if s.request.stream:
-                s.request.emit("token", s)
+        tops = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist())) if out.top_ids is not None else None
+        for j, s in enumerate(rows):
+            self._record(s, tokens[j], lps[j], tops[j] if tops else None)
+
+    def _allowed(self, rows: list[Sequence], vocab: int) -> torch.Tensor | None:
+        if not any(s.constraint for s in rows):
+            return None
+        every = torch.ones(vocab, dtype=torch.bool)
+        return torch.stack([s.constraint.allowed(vocab) if s.constraint else every for s in rows]).to(self.host.device)
+
+    def _record(self, s: Sequence, token: int, logprob: float, top: tuple[list, list] | None) -> None:
+        p = s.request.params
+        if s.constraint is not None:
+            s.constraint.advance(token)
+        s.token_ids.append(token)
+        s.logprobs.append(logprob)
+        if p.top_logprobs and top is not None:
+            s.top_logprobs.append(list(zip(top[0][: p.top_logprobs], top[1][: p.top_logprobs])))
+        if token in self.host.chat.stop_ids and not p.ignore_eos:
+            s.finish_reason = "stop"
+        elif p.stop and self._hit_stop(s):
+            s.finish_reason = "stop"
+        elif len(s.token_ids) >= p.max_tokens:
+            s.finish_reason = "length"
+        if s.request.stream:
+            s.request.emit("token", s)
 
     def _hit_stop(self, s: Sequence) -> bool:
-        text = self.host.renderer.output_text(s.token_ids)  # the text stop_text_end indexes
+        text = self.text_of(s.token_ids)  # the text stop_text_end indexes
         hits = [text.find(stop) for stop in s.request.params.stop if stop and stop in text]
         if hits:
             s.stop_text_end = min(hits)
@@ -232,7 +224,10 @@ class Engine:
         if len(keep) == len(self._rows):
             return
         for s in self._rows:
-            if s.finish_reason is not None:
+            if s.finish_reason == "error":
+                s.request.emit("error", EngineError("the model produced non-finite logits for this request "
+                                                    "(its adapter's weights are not finite)"))
+            elif s.finish_reason is not None:
                 s.request.emit("finished", s)
         self._rows = [self._rows[i] for i in keep]
         if not self._rows:

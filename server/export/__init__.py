@@ -7,16 +7,15 @@ exporter reads its own settings from the environment:
 - weave: WANDB_API_KEY, WEAVE_PROJECT (entity/project), WF_TRACE_SERVER_URL (optional)
 - openpipe: OPENPIPE_API_KEY, OPENPIPE_BASE_URL (optional)
 
-The exporters themselves live in `client.export`, so a laptop can export the same way without a
-server; here they only get a queue and a thread each (dispatcher.py).
+The exporters themselves live in the top-level `exporters` package, so a laptop can export the
+same way without a server; here they only get a queue and a thread each (dispatcher.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from client.export import EXPORTERS, make_exporter
-from client.export.base import ExportConfigError
+from exporters import EXPORTERS, ExportConfigError, make_exporter
 from server.export.dispatcher import Dispatcher
 
 

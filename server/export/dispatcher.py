@@ -13,8 +13,8 @@ import threading
 import time
 from typing import Any
 
-from client.export.base import Exporter, Outcome
-from client.export.turns import items
+from exporters.base import Exporter, Outcome
+from protocol.turns import items
 
 log = logging.getLogger("artisan.export")
 

@@ -1,22 +1,31 @@
 """Trajectories -> token sequences with a loss mask and the sampler's logprobs (invariant 1).
 
-Each Choice's prompt is rebuilt with the same renderer the server sampled with, splicing every
-earlier sampled turn in as its exact ids, and checked against the fingerprint the sampler
-recorded. A choice whose prompt cannot be reproduced is not trained on (its tokens stay in the
-context of later turns) and is counted. Consecutive turns whose prompts extend each other share
-one sequence, so a multi-turn rollout costs one forward pass, not one per turn.
+Each Choice's prompt is rebuilt with the renderer the server sampled with, splicing every earlier
+sampled turn in as its exact ids, and checked against the fingerprint the sampler recorded. A
+choice whose prompt cannot be reproduced is not trained on (its tokens stay in the context of
+later turns) and is counted. Consecutive turns whose prompts extend each other share one sequence,
+so a multi-turn rollout costs one forward pass; a turn whose prompt does not extend the last one
+(the template rewrote history) starts a sequence of its own, with the same advantage.
+
+A Choice that lost its token ids on the way (a streamed choice rebuilt by the client, litellm's
+rebuilt choices) is matched to what this server sampled, by its content and then by the prompt
+fingerprint; one the server never sampled is context, counted.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from client.types import Trajectory, choice_logprobs, choice_sampling, choice_token_ids
-from server.chat.render import RenderError, fingerprint
+from protocol.choices import (SamplingInfo, as_message, check_choice_numbers, choice_logprobs, choice_sampling,
+                              choice_token_ids)
+from protocol.trajectory import Conversation, History, TrajectoryGroup
+from server.chat.format import ChatFormat
+from server.chat.render import fingerprint
+from server.chat.template import TemplateError
+from server.chat.validate import RenderError
 
 
 class AssemblyError(ValueError):
@@ -49,99 +58,145 @@ class AssemblyStats:
     choices: int = 0
     trained_choices: int = 0
     prompt_mismatches: int = 0
+    recovered_choices: int = 0
+    unsampled_choices: int = 0
     truncated_choices: int = 0
     context_only_assistant_messages: int = 0
     trajectories_without_choices: int = 0
     sequences: int = 0
+    non_extending_turns: int = 0
+    rewritten_turns: int = 0
 
     def add(self, other: "AssemblyStats") -> None:
-        for k in self.__dataclass_fields__:
-            setattr(self, k, getattr(self, k) + getattr(other, k))
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def validate_choice(choice: Choice, vocab_size: int, model_fingerprint: str, where: str) -> None:
-    ids = choice_token_ids(choice)
-    lps = choice_logprobs(choice)
-    info = choice_sampling(choice)
-    if ids is None or lps is None or info is None:
-        raise AssemblyError(f"{where}: a Choice needs token_ids, logprobs.content and sampling as this server "
-                            f"returns them; append the server's Choice, not a rebuilt one")
-    if len(ids) != len(lps):
-        raise AssemblyError(f"{where}: {len(ids)} token_ids but {len(lps)} logprobs")
-    bad = [t for t in ids if not isinstance(t, int) or t < 0 or t >= vocab_size]
+@dataclass(frozen=True)
+class SampledChoice:
+    """What training needs of one sampled turn."""
+
+    ids: list[int]
+    logprobs: list[float]
+    sampling: SamplingInfo
+    recovered: bool = False
+
+
+def check_submission(groups: list[TrajectoryGroup], vocab_size: int, model_fingerprint: str) -> None:
+    """What only this model can tell about a submission (token ids in its vocabulary, choices
+    sampled from it), found before the job is queued: a 400 that names the place."""
+    for gi, g in enumerate(groups):
+        if not g.trajectories and not g.exceptions:
+            raise AssemblyError(f"groups[{gi}] is empty: it has no trajectories and no exceptions")
+        for ti, t in enumerate(g.trajectories):
+            for hi, h in enumerate(t.histories()):
+                where = f"groups[{gi}].trajectories[{ti}]" + (f".additional_histories[{hi - 1}]" if hi else "")
+                for ci, choice in enumerate(h.choices()):
+                    _check_choice(choice, vocab_size, model_fingerprint, f"{where} choice {ci}")
+
+
+def _check_choice(choice: Choice, vocab_size: int, model_fingerprint: str, where: str) -> None:
+    try:
+        check_choice_numbers(choice, where)
+    except ValueError as e:  # a SamplingInfo that does not validate, or mismatched lists
+        raise AssemblyError(str(e)) from None
+    ids, info = choice_token_ids(choice), choice_sampling(choice)
+    bad = [t for t in ids or [] if t >= vocab_size]
     if bad:
         raise AssemblyError(f"{where}: token id {bad[0]} is not valid for this model's tokenizer (size {vocab_size})")
-    if any(not math.isfinite(lp) or lp > 1e-6 for lp in lps):
-        raise AssemblyError(f"{where}: logprobs must be finite and <= 0")
-    if info.model_fingerprint != model_fingerprint:
+    if ids is not None and choice_logprobs(choice) is None:
+        raise AssemblyError(f"{where}: token_ids without logprobs.content; append the server's Choice as it came")
+    if info is not None and info.model_fingerprint != model_fingerprint:
         raise AssemblyError(f"{where}: this choice was sampled from another model "
                             f"(fingerprint {info.model_fingerprint}, this server {model_fingerprint})")
 
 
-def _as_message(item: Any) -> dict[str, Any]:
-    if isinstance(item, Choice):
-        msg = item.message.model_dump(exclude_none=True, exclude={"refusal", "annotations", "audio", "function_call"})
-        msg["token_ids"] = choice_token_ids(item)  # spliced by the renderer's lookup
-        return msg
-    return item
+def _sampled(choice: Choice, message: dict[str, Any], chat: ChatFormat) -> SampledChoice | None:
+    """The choice's own record, or what this server remembers sampling for that turn."""
+    ids, lps, info = choice_token_ids(choice), choice_logprobs(choice), choice_sampling(choice)
+    if ids is not None and lps is not None and info is not None:
+        return SampledChoice(ids, lps, info)
+    cached = chat.turns.lookup({k: v for k, v in message.items() if k != "token_ids"})
+    if cached is None or cached.record is None:
+        return None
+    return SampledChoice(list(cached.token_ids), list(cached.record["logprobs"]),
+                         SamplingInfo.model_validate(cached.record["sampling"]), recovered=True)
 
 
-def assemble_trajectory(
-    traj: Trajectory, renderer: Any, lookup: Any, mask_truncated: bool = False
-) -> tuple[list[TrainSequence], AssemblyStats]:
+def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = False
+                     ) -> tuple[list[TrainSequence], AssemblyStats]:
     stats = AssemblyStats()
-    messages = [_as_message(i) for i in traj.messages_and_choices]
-    stats.context_only_assistant_messages = sum(
-        1 for i in traj.messages_and_choices if isinstance(i, dict) and i.get("role") == "assistant")
+    items = history.messages_and_choices
+    messages = [as_message(i) for i in items]
+    sampled: dict[int, SampledChoice | None] = {}
+    for idx, item in enumerate(items):
+        if isinstance(item, Choice):
+            sampled[idx] = s = _sampled(item, messages[idx], chat)
+            if s is not None:  # later prompts splice these exact ids
+                messages[idx] = {**messages[idx], "token_ids": s.ids}
+        elif item.get("role") == "assistant":
+            stats.context_only_assistant_messages += 1
     sequences: list[TrainSequence] = []
     current: TrainSequence | None = None
-    for idx, item in enumerate(traj.messages_and_choices):
-        if not isinstance(item, Choice):
-            continue
+    rewritten: set[int] = set()
+    for idx, s in sampled.items():
         stats.choices += 1
-        info = choice_sampling(item)
-        ids = choice_token_ids(item) or []
+        if s is None:
+            stats.unsampled_choices += 1
+            continue
+        stats.recovered_choices += s.recovered
         try:
-            prompt = renderer.render(messages[:idx], traj.tools, True, lookup=lookup)
-        except RenderError as e:
+            prompt = chat.renderer.render(messages[:idx], history.tools, True, lookup=chat.turns.lookup,
+                                          kwargs=s.sampling.model_extra.get("chat_template_kwargs"))
+        except (RenderError, TemplateError) as e:
             raise AssemblyError(f"messages before choice {idx}: {e}")
-        matches = fingerprint(prompt) == info.prompt_fingerprint
-        truncated = item.finish_reason == "length"
-        stats.truncated_choices += truncated
+        rewritten |= {i for i, ok in prompt.spliced.items() if not ok}
+        ids = prompt.ids + list(s.sampling.model_extra.get("prefill_ids") or [])
+        matches = fingerprint(ids) == s.sampling.prompt_fingerprint
+        truncated = items[idx].finish_reason == "length"
         trained = matches and not (truncated and mask_truncated)
+        stats.truncated_choices += truncated
         stats.prompt_mismatches += not matches
         stats.trained_choices += trained
-        if current is not None and prompt[: len(current.ids)] == current.ids:
-            current.extend(prompt[len(current.ids):], trained=False)
+        if current is not None and ids[: len(current.ids)] == current.ids:
+            current.extend(ids[len(current.ids):], trained=False)
         else:
+            stats.non_extending_turns += current is not None
             current = TrainSequence()
             sequences.append(current)
-            current.extend(prompt, trained=False)
-        current.extend(ids, trained, choice_logprobs(item), info.logprob_temperature)
-    if stats.choices == 0:
-        stats.trajectories_without_choices = 1
+            current.extend(ids, trained=False)
+        current.extend(s.ids, trained, s.logprobs, s.sampling.logprob_temperature)
+    stats.rewritten_turns = len(rewritten)
+    stats.trajectories_without_choices = int(stats.choices == 0)
     sequences = [s for s in sequences if s.n_loss_tokens > 0]
     stats.sequences = len(sequences)
     return sequences, stats
 
 
-def assemble_sft(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, renderer: Any) -> TrainSequence:
-    """A demonstration conversation: every assistant turn's tokens (through <|im_end|>) are
-    trained, everything else is context."""
-    seq = TrainSequence()
+def assemble_sft(conversation: Conversation, chat: ChatFormat) -> list[TrainSequence]:
+    """A demonstration conversation: every assistant turn's tokens (through the token that ends
+    the turn) are trained, everything else is context. Turns share a sequence while the rendered
+    conversation grows by appending."""
+    messages, sequences = conversation.messages, []
+    seq: TrainSequence | None = None
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
-        prompt = renderer.render(messages[:i], tools, True)
-        full = renderer.render(messages[: i + 1], tools, False)
-        if prompt[: len(seq.ids)] != seq.ids or full[: len(prompt)] != prompt:
-            raise AssemblyError(f"messages[{i}]: the conversation does not render as one growing sequence")
+        try:
+            prompt = chat.renderer.render(messages[:i], conversation.tools, True).ids
+            full = chat.renderer.render(messages[: i + 1], conversation.tools, False).ids
+        except (RenderError, TemplateError) as e:
+            raise AssemblyError(f"messages[{i}]: {e}")
+        if full[: len(prompt)] != prompt:
+            raise AssemblyError(f"messages[{i}]: the chat template renders this turn unlike its generation prompt")
+        if seq is None or prompt[: len(seq.ids)] != seq.ids:
+            seq = TrainSequence()
+            sequences.append(seq)
         seq.extend(prompt[len(seq.ids):], trained=False)
         completion = full[len(prompt):]
-        # The template closes a turn with "<|im_end|>\n"; the newline is template, not model output.
-        end = completion.index(renderer.im_end_id) + 1 if renderer.im_end_id in completion else len(completion)
+        # The template closes a turn with its end token and maybe a newline; the newline is template.
+        ends = [k for k, t in enumerate(completion) if t in chat.stop_ids]
+        end = ends[0] + 1 if ends else len(completion)
         seq.extend(completion[:end], trained=True)
         seq.extend(completion[end:], trained=False)
-    if seq.n_loss_tokens == 0:
-        raise AssemblyError("an SFT conversation needs at least one assistant message")
-    return seq
+    return sequences

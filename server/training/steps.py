@@ -1,155 +1,153 @@
-"""A training step from submitted groups (RL) or conversations (SFT) to a published adapter.
+"""A training step, from submitted groups (RL) or conversations (SFT) to a served adapter.
 
-RL: drop failed rollouts (counted) and constant-reward groups (counted), compute group-relative
-advantages, assemble token-exact sequences, optimise, measure, checkpoint, publish. A step with
-nothing to train does not advance the step number and says why.
+RL, as a pipeline of named steps: count what was submitted; drop constant-reward groups and give
+the rest group-relative advantages; assemble token-exact sequences; optimise; measure; commit
+(checkpoint and publish). A step with nothing to train does not advance the step number and
+says why. A step whose update is not finite is rolled back and never served.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from client.types import Conversation, SFTConfig, TrainConfig, TrainResult, TrajectoryGroup, choice_token_ids
-from server.model_host import ModelHost
-from server.store import json_safe
-from server.training import checkpoints
+from protocol.choices import choice_token_ids
+from protocol.config import SFTConfig, TrainConfig
+from protocol.jobs import TrainResult
+from protocol.metrics import StepMetrics
+from protocol.trajectory import Conversation, TrajectoryGroup
 from server.training.advantages import awr_weights, group_advantages
-from server.training.assemble import AssemblyError, AssemblyStats, assemble_sft, assemble_trajectory, validate_choice
-from server.training.health import step_warnings
+from server.training.assemble import AssemblyStats, TrainSequence, assemble_history, assemble_sft
+from server.training.health import NON_FINITE_UPDATE, step_warnings
 from server.training.hyperparams import default_learning_rate
 from server.training.losses import signal_share
-from server.training.optimize import optimize
-from server.training.runs import Run, RunManager
-
-Progress = Callable[[str, dict[str, Any]], None]
+from server.training.optimize import OptimPlan, optimize, rl_loss, sft_loss
+from server.training.runs import Run
 
 
-def validate_groups(host: ModelHost, groups: list[TrajectoryGroup]) -> None:
-    """Everything that makes a submission unusable, found before it is queued (a 400)."""
-    if not groups:
-        raise AssemblyError("groups must not be empty")
-    vocab = len(host.tokenizer)
-    for gi, g in enumerate(groups):
-        if not g.trajectories and not g.exceptions:
-            raise AssemblyError(f"groups[{gi}] is empty: it has no trajectories and no exceptions")
-        for ti, t in enumerate(g.trajectories):
-            where = f"groups[{gi}].trajectories[{ti}]"
-            if not math.isfinite(t.reward):
-                raise AssemblyError(f"{where}.reward is {t.reward}: rewards must be finite numbers")
-            for ci, item in enumerate(t.choices()):
-                validate_choice(item, vocab, host.fingerprint, f"{where} choice {ci}")
+
+@dataclass
+class Hooks:
+    """How a step talks to the job running it."""
+
+    progress: Callable[[str, dict[str, Any]], None] = lambda stage, data: None
+    should_stop: Callable[[], bool] = lambda: False  # cancelled, or past the job's time limit
+    # Called with the step's figures just before its checkpoint is written (the store's pending rows).
+    before_commit: Callable[[StepMetrics, list[str]], None] = lambda metrics, warnings: None
 
 
-def _lr(host: ModelHost, configured: float | None) -> float:
-    return configured if configured is not None else default_learning_rate(host.config.hidden_size)
+class StepFailed(RuntimeError):
+    """The step ran but its result must not be served; the run keeps its last good adapter."""
 
 
-def _last_rl_metrics(run: Run) -> dict[str, Any]:
-    """The figures of the run's latest step, when it was an RL step (the latest checkpoint always exists)."""
-    meta = checkpoints.read_meta(run.checkpoint_dir, run.step)
-    return meta.get("metrics", {}) if meta.get("kind") == "rl" else {}
+@dataclass
+class Batch:
+    """What an RL step trains on, and what it dropped."""
+
+    sequences: list[TrainSequence] = field(default_factory=list)
+    stats: AssemblyStats = field(default_factory=AssemblyStats)
+    groups_trainable: int = 0
+    groups_dropped: int = 0
+    histories: int = 0
+    dropped_tokens: int = 0  # completion tokens of constant-reward groups (for the loss normaliser)
+    dropped_sequences: int = 0
 
 
-def _update_norm(params: list[torch.nn.Parameter], before: list[torch.Tensor]) -> float:
-    return math.sqrt(sum(float(((p.detach() - b) ** 2).sum()) for p, b in zip(params, before)))
-
-
-def _finish(runs: RunManager, run: Run, kind: str, metrics: dict[str, Any], warnings: list[str],
-            meta: dict[str, Any]) -> None:
-    run.step += 1
-    runs.save_checkpoint(run, {"kind": kind, "metrics": metrics, "warnings": warnings, "created": time.time(), **meta})
-    runs.publish(run)
-
-
-def rl_step(host: ModelHost, runs: RunManager, run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig,
-            meta: dict[str, Any], progress: Progress = lambda *_: None) -> TrainResult:
-    t0 = time.time()
+def submission_figures(groups: list[TrajectoryGroup]) -> StepMetrics:
     rewards = [t.reward for g in groups for t in g.trajectories]
-    m: dict[str, Any] = {
-        "groups_total": len(groups), "groups_trainable": 0, "groups_dropped_constant": 0,
-        "trajectories_total": len(rewards),
-        "trajectories_excluded": sum(len(g.exceptions) for g in groups),
-        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-        "reward_std": float(torch.tensor(rewards).std(unbiased=False)) if rewards else None,
-    }
-    stats = AssemblyStats()
-    sequences = []
-    dropped_tokens = dropped_seqs = 0
+    mean = sum(rewards) / len(rewards) if rewards else None
+    return StepMetrics(groups_total=len(groups), trajectories_total=len(rewards),
+                       trajectories_excluded=sum(len(g.exceptions) for g in groups), reward_mean=mean,
+                       reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None)
+
+
+def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig) -> Batch:
+    """Advantages per group (constant groups dropped), then every history of every trajectory
+    assembled into sequences that carry their trajectory's advantage."""
+    batch = Batch()
     for gi, g in enumerate(groups):
         adv = group_advantages([t.reward for t in g.trajectories], cfg.scale_rewards, cfg.min_group_reward_spread)
         if adv.advantages is None:
-            m["groups_dropped_constant"] += 1
-            dropped_seqs += len(g.trajectories)
-            dropped_tokens += sum(len(choice_token_ids(c) or []) for t in g.trajectories for c in t.choices())
+            batch.groups_dropped += 1
+            batch.dropped_sequences += len(g.trajectories)
+            batch.dropped_tokens += sum(len(choice_token_ids(c) or []) for t in g.trajectories
+                                        for h in t.histories() for c in h.choices())
             continue
         weights = awr_weights(adv.advantages) if cfg.loss == "awr" else [1.0] * len(adv.advantages)
-        group_seqs = []
+        before = len(batch.sequences)
         for traj, a, w in zip(g.trajectories, adv.advantages, weights):
-            seqs, st = assemble_trajectory(traj, host.renderer, host.turns.lookup, cfg.mask_truncated)
-            stats.add(st)
-            for s in seqs:
-                s.advantage, s.weight, s.group = a, w, gi
-            group_seqs += seqs
-        m["groups_trainable"] += bool(group_seqs)
-        sequences += group_seqs
-    m.update({k: getattr(stats, k) for k in stats.__dataclass_fields__})
-    m["truncated_fraction"] = stats.truncated_choices / stats.choices if stats.choices else 0.0
-    m["trainable_tokens"] = sum(s.n_loss_tokens for s in sequences)
-    progress("assembled", {"sequences": len(sequences), "trainable_tokens": m["trainable_tokens"]})
-
-    if m["trainable_tokens"] == 0:
-        m.update(trained=False, step_seconds=time.time() - t0)
-        warnings = step_warnings(m, _last_rl_metrics(run))
-        return TrainResult(step=run.step, trained=False, metrics=_clean(m), warnings=warnings)
-
-    share = 1.0
-    if cfg.count_dropped_groups:
-        share = signal_share(cfg.loss_aggregation, m["trainable_tokens"], len(sequences), dropped_tokens, dropped_seqs)
-    m["signal_share"] = share
-    m.update(_optimize_and_measure(host, run, sequences, cfg, cfg.learning_rate, "rl", t0, share))
-    return _conclude(runs, run, "rl", m, meta)
+            batch.histories += len(traj.additional_histories)
+            for history in traj.histories():
+                seqs, st = assemble_history(history, run.host.chat, cfg.mask_truncated)
+                batch.stats.add(st)
+                for s in seqs:
+                    s.advantage, s.weight, s.group = a, w, gi
+                batch.sequences += seqs
+        batch.groups_trainable += len(batch.sequences) > before
+    return batch
 
 
-def sft_step(host: ModelHost, runs: RunManager, run: Run, conversations: list[Conversation], cfg: SFTConfig,
-             meta: dict[str, Any], progress: Progress = lambda *_: None) -> TrainResult:
+def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, meta: dict[str, Any],
+            hooks: Hooks = Hooks()) -> TrainResult:
     t0 = time.time()
-    sequences = [assemble_sft(c.messages, c.tools, host.renderer) for c in conversations]
-    n_mini = max(1, math.ceil(len(sequences) / cfg.batch_size))
-    as_train = TrainConfig(learning_rate=cfg.learning_rate, num_minibatches=n_mini, epochs=cfg.epochs,
-                           max_tokens_per_microbatch=cfg.max_tokens_per_microbatch, max_grad_norm=cfg.max_grad_norm)
-    m: dict[str, Any] = {"conversations": len(sequences), "trainable_tokens": sum(s.n_loss_tokens for s in sequences)}
-    m.update(_optimize_and_measure(host, run, sequences, as_train, cfg.learning_rate, "sft", t0))
-    return _conclude(runs, run, "sft", m, meta)
+    m = submission_figures(groups)
+    batch = build_batch(run, groups, cfg)
+    m = m.model_copy(update={**vars(batch.stats), "groups_trainable": batch.groups_trainable,
+                             "groups_dropped_constant": batch.groups_dropped, "additional_histories": batch.histories,
+                             "trainable_tokens": sum(s.n_loss_tokens for s in batch.sequences)})
+    m.truncated_fraction = m.truncated_choices / m.choices if m.choices else 0.0
+    hooks.progress("assembled", {"sequences": len(batch.sequences), "trainable_tokens": m.trainable_tokens})
+    if m.trainable_tokens == 0:
+        m.step_seconds = time.time() - t0
+        return TrainResult(step=run.step, trained=False, metrics=m, warnings=step_warnings(m, run.last_metrics("rl")))
+    m.signal_share = 1.0
+    if cfg.count_dropped_groups:
+        m.signal_share = signal_share(cfg.loss_aggregation, m.trainable_tokens, len(batch.sequences),
+                                      batch.dropped_tokens, batch.dropped_sequences)
+    plan = OptimPlan.for_rl(cfg, cfg.learning_rate or default_learning_rate(run.host.config))
+    fit(run, plan, m, t0, lambda: optimize(run, batch.sequences, plan, rl_loss(cfg), loss_scale=m.signal_share,
+                                           should_stop=hooks.should_stop))
+    return conclude(run, "rl", m, meta, hooks)
 
 
-def _optimize_and_measure(host: ModelHost, run: Run, sequences: list, cfg: TrainConfig, learning_rate: float | None,
-                          kind: str, t0: float, loss_scale: float = 1.0) -> dict[str, Any]:
+def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, meta: dict[str, Any],
+             hooks: Hooks = Hooks()) -> TrainResult:
+    t0 = time.time()
+    sequences = [s for c in conversations for s in assemble_sft(c, run.host.chat)]
+    m = StepMetrics(conversations=len(conversations), sequences=len(sequences),
+                    trainable_tokens=sum(s.n_loss_tokens for s in sequences))
+    hooks.progress("assembled", {"sequences": len(sequences), "trainable_tokens": m.trainable_tokens})
+    plan = OptimPlan.for_sft(cfg, cfg.learning_rate or default_learning_rate(run.host.config), len(sequences))
+    fit(run, plan, m, t0, lambda: optimize(run, sequences, plan, sft_loss, measure_gap=False, measure_kl=False,
+                                           should_stop=hooks.should_stop))
+    return conclude(run, "sft", m, meta, hooks)
+
+
+def fit(run: Run, plan: OptimPlan, m: StepMetrics, t0: float, run_optimizer: Callable[[], Any]) -> None:
     """The optimisation pass and the figures only it can give (update norm, throughput)."""
-    lr = _lr(host, learning_rate)
     before = [p.detach().clone() for p in run.params]
-    ost = optimize(host, run.train_adapter, run.params, run.optimizer, sequences, cfg, lr, kind=kind,
-                   measure_kl=kind == "rl", loss_scale=loss_scale)
-    m = ost.metrics()
-    m["lora_update_norm"] = _update_norm(run.params, before)
-    m["learning_rate"] = lr
-    m["step_seconds"] = time.time() - t0
-    m["tokens_per_second"] = ost.row_tokens * cfg.epochs / max(m["step_seconds"], 1e-9)
-    m["trained"] = ost.optimizer_steps > 0
-    return m
+    stats = run_optimizer()
+    for k, v in stats.figures().items():
+        setattr(m, k, v)
+    m.lora_update_norm = math.sqrt(sum(float(((p.detach() - b) ** 2).sum()) for p, b in zip(run.params, before)))
+    m.learning_rate = plan.learning_rate
+    m.step_seconds = time.time() - t0
+    m.tokens_per_second = stats.row_tokens * plan.epochs / max(m.step_seconds, 1e-9)
+    m.trained = stats.optimizer_steps > 0
 
 
-def _conclude(runs: RunManager, run: Run, kind: str, m: dict[str, Any], meta: dict[str, Any]) -> TrainResult:
-    """Warnings, and for a step that trained: checkpoint, publish, advance the step number."""
+def conclude(run: Run, kind: str, m: StepMetrics, meta: dict[str, Any], hooks: Hooks) -> TrainResult:
+    """Warnings, and for a step that trained: commit it (advance, checkpoint, publish). An update
+    that left the adapter non-finite is rolled back to the last checkpoint instead."""
     warnings = step_warnings(m)
-    if m["trained"]:
-        _finish(runs, run, kind, _clean(m), warnings, meta)
-    return TrainResult(step=run.step, trained=bool(m["trained"]), metrics=_clean(m), warnings=warnings)
-
-
-def _clean(m: dict[str, Any]) -> dict[str, Any]:
-    """JSON-safe figures: bools as ints, non-finite floats as None (the store's convention)."""
-    return json_safe({k: int(v) if isinstance(v, bool) else v for k, v in m.items()})
+    if m.trained and not all(bool(torch.isfinite(p).all()) for p in run.params):
+        run.restore()
+        raise StepFailed(NON_FINITE_UPDATE)
+    if m.trained:
+        hooks.before_commit(m, warnings)
+        run.commit(kind, m, warnings, meta)
+    return TrainResult(step=run.step, trained=m.trained, metrics=m, warnings=warnings)

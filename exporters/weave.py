@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from client.export.base import ExportConfigError, Outcome, env, require, send_each
-from client.export.turns import Item, initial_messages, turns
+from exporters.base import ExportConfigError, Outcome, env, require, send_each
+from protocol.turns import Item, initial_messages, turns
 
 DEFAULT_URL = "https://trace.wandb.ai"
 

@@ -8,7 +8,7 @@ from typing import Callable, Protocol
 
 import httpx
 
-from client.export.turns import Item
+from protocol.turns import Item
 
 
 class ExportConfigError(ValueError):

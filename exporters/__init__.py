@@ -1,21 +1,21 @@
-"""Exporting trajectories from a laptop, the same way art-server's `--export` does.
+"""Trajectory exporters: Langfuse (its SDK), Weave and OpenPipe (their HTTP APIs, with httpx).
 
-    from client.export import export_groups
+art-server's `--export` queues each step's trajectories to them (server/export); a laptop calls
+them directly:
+
+    from exporters import export_groups
     export_groups(groups, to="langfuse", run="my-run", step=3)   # reads LANGFUSE_* from the env
 
-Exporters: langfuse (its SDK), weave and openpipe (their HTTP APIs, with httpx). The
-Langfuse SDK is imported only when that exporter is made (`pip install 'artisan[export]'`). JSONL export
-and import of a run's trajectories, with token ids and logprobs, are in `client.export.jsonl`.
+The Langfuse SDK is imported only when that exporter is made (`pip install 'artisan[export]'`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-from client.export.base import ExportConfigError, Exporter, Outcome
-from client.export.jsonl import download_jsonl, groups_from_jsonl, import_jsonl, read_jsonl
-from client.export.turns import Item, Turn, items, turns
-from client.types import TrajectoryGroup
+from exporters.base import ExportConfigError, Exporter, Outcome
+from protocol.trajectory import TrajectoryGroup
+from protocol.turns import items
 
 EXPORTERS = ("langfuse", "weave", "openpipe")
 
@@ -23,15 +23,15 @@ EXPORTERS = ("langfuse", "weave", "openpipe")
 def make_exporter(name: str, timeout: float = 10.0, **config: Any) -> Exporter:
     """An exporter by name; `config` overrides what it would read from the environment."""
     if name == "langfuse":
-        from client.export.langfuse import LangfuseExporter
+        from exporters.langfuse import LangfuseExporter
 
         return LangfuseExporter(timeout=timeout, **config)
     if name == "weave":
-        from client.export.weave import WeaveExporter
+        from exporters.weave import WeaveExporter
 
         return WeaveExporter(timeout=timeout, **config)
     if name == "openpipe":
-        from client.export.openpipe import OpenPipeExporter
+        from exporters.openpipe import OpenPipeExporter
 
         return OpenPipeExporter(timeout=timeout, **config)
     raise ExportConfigError(f"unknown exporter {name!r}; choose from {', '.join(EXPORTERS)}")
@@ -54,5 +54,4 @@ def export_groups(groups: Iterable[TrajectoryGroup], to: str | Exporter | list[s
     return results
 
 
-__all__ = ["EXPORTERS", "ExportConfigError", "Exporter", "Item", "Outcome", "Turn", "download_jsonl",
-           "export_groups", "groups_from_jsonl", "import_jsonl", "items", "make_exporter", "read_jsonl", "turns"]
+__all__ = ["EXPORTERS", "ExportConfigError", "Exporter", "Outcome", "export_groups", "make_exporter"]

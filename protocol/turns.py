@@ -9,7 +9,8 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from client.types import Trajectory, choice_logprobs, choice_sampling, choice_token_ids
+from protocol.choices import choice_logprobs, choice_sampling, choice_token_ids
+from protocol.trajectory import Trajectory, TrajectoryGroup
 
 
 @dataclass
@@ -56,8 +57,6 @@ class Item:
 
 
 def items(groups: list[Any], run: str, step: int, split: str) -> list[Item]:
-    from client.types import TrajectoryGroup
-
     out = []
     for gi, g in enumerate(groups):
         g = g if isinstance(g, TrajectoryGroup) else TrajectoryGroup.model_validate(g)

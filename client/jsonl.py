@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
-from client.types import Trajectory, TrajectoryGroup
-
-if TYPE_CHECKING:
-    from client.model import TrainableModel
+from client.model import TrainableModel, raise_for_status
+from protocol.trajectory import Trajectory, TrajectoryGroup
 
 Source = str | bytes | Path | Iterable[str] | Iterable[dict[str, Any]]
 
@@ -59,17 +57,15 @@ def groups_from_jsonl(source: Source, split: str | None = "train", step: int | N
             for (s, g), trajs in sorted(groups.items())]
 
 
-async def download_jsonl(model: "TrainableModel", path: str | Path | None = None, *, step: int | None = None,
+async def download_jsonl(model: TrainableModel, path: str | Path | None = None, *, step: int | None = None,
                          split: str | None = None) -> str | Path:
     """The run's stored trajectories as JSONL: written to `path` (returned), or returned as text."""
-    from client.model import _raise_for
-
     params = {k: v for k, v in (("step", step), ("split", split)) if v is not None}
-    async with model._http(timeout=None) as http:
+    async with model.http(timeout=None) as http:
         async with http.stream("GET", f"/v1/runs/{model.name}/export.jsonl", params=params) as resp:
             if resp.status_code >= 400:
                 await resp.aread()
-                _raise_for(resp)
+                raise_for_status(resp)
             if path is None:
                 return (await resp.aread()).decode()
             path = Path(path)
@@ -79,7 +75,7 @@ async def download_jsonl(model: "TrainableModel", path: str | Path | None = None
             return path
 
 
-async def import_jsonl(model: "TrainableModel", source: Source, *, split: str | None = None) -> dict[str, Any]:
+async def import_jsonl(model: TrainableModel, source: Source, *, split: str | None = None) -> dict[str, Any]:
     """Store exported trajectories into this model's run (which must exist); nothing is trained.
     `split` replaces the split of every line (e.g. "imported")."""
     if _is_path(source):
@@ -88,12 +84,10 @@ async def import_jsonl(model: "TrainableModel", source: Source, *, split: str | 
         body = source.encode() if isinstance(source, str) else source
     else:
         body = "".join(json.dumps(r) + "\n" for r in read_jsonl(source)).encode()
-    from client.model import _raise_for
-
     params = {"split": split} if split else None
     # Sent once, not retried: an import adds rows, so a retry after a lost reply would add them twice.
-    async with model._http(timeout=300.0) as http:
+    async with model.http(timeout=300.0) as http:
         resp = await http.post(f"/v1/runs/{model.name}/import", content=body, params=params,
                                headers={"Content-Type": "application/x-ndjson"})
-    _raise_for(resp)
+    raise_for_status(resp)
     return resp.json()

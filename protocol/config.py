@@ -1,0 +1,93 @@
+"""How a run is set up and how a step turns scored groups into a gradient.
+
+Every field is bounded: a value no sane run uses (a learning rate of 1e308, 10**9 epochs) is a
+400 naming the field, not a poisoned adapter or a trainer that never finishes. Defaults are the
+safe ones.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+LossName = Literal["ppo", "cispo", "importance_sampling", "awr"]
+Aggregation = Literal["token_mean", "seq_mean", "constant"]
+RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+PROJECT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$"
+
+
+def _finite(**kw) -> dict:
+    return {"allow_inf_nan": False, **kw}
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(default=8, ge=1, le=1024)
+    alpha: float = Field(default=16.0, **_finite(gt=0, le=4096))
+    # None: every linear layer of the decoder blocks (what the model's architecture has).
+    target_modules: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v: list[str] | None) -> list[str] | None:
+        for name in v or []:
+            if not re.match(MODULE_NAME, name):
+                raise ValueError(f"{name!r} is not a module name")
+        return v
+
+
+class RunSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=RUN_NAME, description="1-64 letters, digits, '_', '-' or '.', starting with a letter or digit")
+    project: str = Field(default="default", pattern=PROJECT_NAME)
+    base_model: str | None = Field(default=None, max_length=500)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+
+
+class TrainConfig(BaseModel):
+    """How one RL step turns scored groups into a gradient."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # None: derived from the base model (see server/training/hyperparams.py).
+    learning_rate: float | None = Field(default=None, **_finite(gt=0, le=1.0))
+    loss: LossName = "ppo"
+    epsilon_low: float = Field(default=0.2, **_finite(ge=0, le=10))
+    epsilon_high: float = Field(default=0.28, **_finite(ge=0, le=10))
+    is_truncation_cap: float = Field(default=2.0, **_finite(gt=0, le=1000))  # for loss="importance_sampling"
+    scale_rewards: bool = False  # divide advantages by the group's reward std
+    loss_aggregation: Aggregation = "token_mean"
+    constant_normalizer: int = Field(default=1024, gt=0, le=2**20)  # tokens per sequence for "constant"
+    kl_coef: float = Field(default=0.0, **_finite(ge=0, le=100))
+    mask_truncated: bool = False  # drop completions cut by max_tokens from the loss
+    num_minibatches: int = Field(default=1, ge=1, le=1024)
+    epochs: int = Field(default=1, ge=1, le=100)
+    max_tokens_per_microbatch: int = Field(default=4096, ge=16, le=2**20)
+    max_grad_norm: float = Field(default=1.0, **_finite(gt=0, le=1e6))
+    weight_decay: float = Field(default=0.0, **_finite(ge=0, le=1e4))  # AdamW's, decoupled: lr * wd per step
+    # A group whose reward spread (max - min) is below this has no signal and is dropped.
+    min_group_reward_spread: float = Field(default=1e-6, **_finite(ge=0, le=1e6))
+    # Dropped groups still count in the loss normaliser, as they would at advantage 0 (see
+    # server/training/losses.py:signal_share); False normalises over the trained groups alone.
+    count_dropped_groups: bool = True
+    # A rebuilt context that differs from what the sampler saw is never trained silently.
+    skip_mismatched_prompts: bool = True
+
+
+class SFTConfig(BaseModel):
+    """Supervised fine-tuning on demonstrations: loss on assistant tokens only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float | None = Field(default=None, **_finite(gt=0, le=1.0))
+    epochs: int = Field(default=1, ge=1, le=100)
+    batch_size: int = Field(default=16, ge=1, le=4096)  # conversations per optimizer step
+    max_tokens_per_microbatch: int = Field(default=4096, ge=16, le=2**20)
+    max_grad_norm: float = Field(default=1.0, **_finite(gt=0, le=1e6))
+

@@ -1,0 +1,73 @@
+"""Training jobs on the wire: what a client submits, the events it follows, what it gets back.
+
+A submission is one of two typed requests, told apart by `kind`, validated once where it
+arrives. Its idempotency key makes a retried submission train once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from protocol.config import SFTConfig, TrainConfig
+from protocol.metrics import StepMetrics
+from protocol.trajectory import Conversation, TrajectoryGroup
+
+IDEMPOTENCY_KEY = r"^[A-Za-z0-9_.:-]{1,200}$"
+# The events that end a job's stream; every other event is progress.
+TERMINAL_EVENTS = ("result", "error", "interrupted", "cancelled")
+
+
+class RLJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["rl"] = "rl"
+    groups: list[TrajectoryGroup] = Field(max_length=100_000, json_schema_extra={"minItems": 1})
+    config: TrainConfig = Field(default_factory=TrainConfig)
+    idempotency_key: str | None = Field(default=None, pattern=IDEMPOTENCY_KEY)
+
+    @field_validator("groups")
+    @classmethod
+    def _some(cls, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+        if not groups:
+            raise ValueError("nothing to train: send groups (rl) or conversations (sft)")
+        return groups
+
+
+class SFTJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["sft"]
+    conversations: list[Conversation] = Field(max_length=1_000_000, json_schema_extra={"minItems": 1})
+    config: SFTConfig = Field(default_factory=SFTConfig)
+    idempotency_key: str | None = Field(default=None, pattern=IDEMPOTENCY_KEY)
+
+    @field_validator("conversations")
+    @classmethod
+    def _some(cls, conversations: list[Conversation]) -> list[Conversation]:
+        if not conversations:
+            raise ValueError("nothing to train: send groups (rl) or conversations (sft)")
+        return conversations
+
+
+JobRequest = Annotated[Union[RLJob, SFTJob], Field(discriminator="kind")]
+JOB_KINDS = ("rl", "sft")
+
+
+class TrainResult(BaseModel):
+    step: int
+    trained: bool
+    metrics: StepMetrics = Field(default_factory=StepMetrics)
+    warnings: list[str] = Field(default_factory=list)
+    job_id: str | None = None
+
+
+class JobEvent(BaseModel):
+    seq: int
+    type: str  # queued, started, progress, or one of TERMINAL_EVENTS
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in TERMINAL_EVENTS

@@ -1,0 +1,56 @@
+"""Step figures (invariant 8): what every training step reports, by name.
+
+The trainer fills them, the health rules read them, the store and the web page show them, and
+the client prints them. A figure a step cannot measure stays None (an SFT step has no reward).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StepMetrics(BaseModel):
+    # Older checkpoints may hold figures this version no longer reports: kept, not refused.
+    model_config = ConfigDict(extra="allow")
+
+    trained: bool = False
+    # what was submitted
+    groups_total: int = 0
+    groups_trainable: int = 0
+    groups_dropped_constant: int = 0
+    trajectories_total: int = 0
+    trajectories_excluded: int = 0  # rollouts that failed for infrastructure reasons (never scored)
+    reward_mean: float | None = None
+    reward_std: float | None = None
+    conversations: int | None = None  # SFT
+    # assembly (invariants 1 and 7)
+    choices: int = 0
+    trained_choices: int = 0
+    prompt_mismatches: int = 0
+    recovered_choices: int = 0  # choices sent without token ids, matched to what this server sampled
+    unsampled_choices: int = 0  # choices this server never sampled: context only
+    truncated_choices: int = 0
+    truncated_fraction: float = 0.0
+    context_only_assistant_messages: int = 0
+    trajectories_without_choices: int = 0
+    sequences: int = 0
+    # turns whose next prompt does not extend it (the template rewrote history): own sequences
+    non_extending_turns: int = 0
+    rewritten_turns: int = 0  # sampled turns the chat template renders differently in later prompts
+    additional_histories: int = 0
+    trainable_tokens: int = 0
+    signal_share: float | None = None
+    # optimisation
+    loss: float | None = None
+    logprob_gap: float | None = None  # sampler vs trainer on the first pass; ~0 on-policy
+    clip_fraction: float | None = None
+    entropy: float | None = None
+    kl_to_base: float | None = None
+    grad_norm: float | None = None
+    optimizer_steps: int = 0
+    skipped_optimizer_steps: int = 0
+    padding_fraction: float | None = None
+    lora_update_norm: float | None = None
+    learning_rate: float | None = None
+    step_seconds: float | None = None
+    tokens_per_second: float | None = None

@@ -1,0 +1,100 @@
+"""What a rollout produces: trajectories, their groups, and SFT conversations.
+
+Names follow OpenPipe ART so that its users feel at home. Plain pydantic, importable on a laptop
+without torch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from protocol.choices import Message, MessageOrChoice, as_message, is_choice_dict
+
+
+class History(BaseModel):
+    """Another conversation the rollout's model held (ART's sub-agent or compaction histories):
+    trained as its own sequences, sharing the trajectory's reward."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    messages_and_choices: list[MessageOrChoice] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+
+    @field_validator("messages_and_choices", mode="before")
+    @classmethod
+    def _revive_choices(cls, items: Any) -> Any:
+        # Over HTTP a Choice arrives as a dict; bring it back so training sees a trainable turn.
+        if not isinstance(items, list):
+            return items
+        return [Choice.model_validate(i) if is_choice_dict(i) else i for i in items]
+
+    @field_validator("messages_and_choices")
+    @classmethod
+    def _check_items(cls, items: list[MessageOrChoice]) -> list[MessageOrChoice]:
+        for i, item in enumerate(items):
+            if not isinstance(item, Choice) and "role" not in item:
+                raise ValueError(f"messages_and_choices[{i}] is neither a message (no 'role') nor a Choice")
+        return items
+
+    def messages(self) -> list[Message]:
+        """The conversation as plain OpenAI message dicts (Choices turned into assistant messages)."""
+        return [as_message(i) for i in self.messages_and_choices]
+
+    def choices(self) -> list[Choice]:
+        return [i for i in self.messages_and_choices if isinstance(i, Choice)]
+
+
+class Trajectory(History):
+    """One rollout: context messages (dicts) interleaved with the model's sampled turns (Choices)."""
+
+    additional_histories: list[History] = Field(default_factory=list)
+    reward: float = Field(default=0.0, allow_inf_nan=False)
+    metrics: dict[str, float | int | bool | None] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+    start_time: float = Field(default_factory=time.time)
+    end_time: float | None = None
+
+    def finish(self) -> "Trajectory":
+        """Stamp the end time and duration; call once the reward is known, not before."""
+        self.end_time = time.time()
+        self.metrics["duration"] = self.end_time - self.start_time
+        return self
+
+    def histories(self) -> list[History]:
+        """The main conversation first, then the additional ones: everything that trains."""
+        return [self, *self.additional_histories]
+
+
+class TrajectoryGroup(BaseModel):
+    """The rollouts of one task. Exceptions are rollouts that failed for infrastructure reasons:
+    recorded and counted, never scored (a zero reward there would teach the model a lie)."""
+
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    exceptions: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("exceptions", mode="before")
+    @classmethod
+    def _stringify(cls, items: Any) -> Any:
+        if isinstance(items, list):
+            return [i if isinstance(i, str) else f"{type(i).__name__}: {i}" for i in items]
+        return items
+
+
+class Conversation(BaseModel):
+    """A demonstration for SFT: every assistant message is a target."""
+
+    messages: list[Message] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _has_target(cls, messages: list[Message]) -> list[Message]:
+        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+            raise ValueError("an SFT conversation needs at least one assistant message")
+        return messages

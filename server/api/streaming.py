@@ -1,0 +1,171 @@
+"""Server-sent events in OpenAI's chunk format.
+
+Every chunk carries its new `token_ids` and logprobs (vLLM's `return_token_ids` convention); the
+first carries `prompt_token_ids`, the last the `sampling` record. Reasoning streams as
+`delta.reasoning_content`. Text that may be the start of a tool call (or of a stop string, or a
+tag) is held back; a parsed tool call is sent whole as `delta.tool_calls` when the choice ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from server.api.completions import logprob_entries, message_and_finish, remember
+from server.chat.format import ChatFormat
+from server.engine.base import GenRequest, Sequence
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+@dataclass
+class Completion:
+    """One chat completion in flight."""
+
+    gen: GenRequest
+    events: asyncio.Queue
+    id: str
+    created: int
+    model: str
+    prompt_ids: list[int]
+    sampling: dict[str, Any]
+    tools_enabled: bool
+    stops: list[str]
+    include_usage: bool = False
+
+    def chunk(self, index: int, delta: dict[str, Any], finish: str | None = None, top: dict[str, Any] | None = None,
+              **extra: Any) -> str:
+        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                    "choices": [{"index": index, "delta": delta, "finish_reason": finish, **extra}], **(top or {})})
+
+
+def _partial_suffix(text: str, needles: list[str]) -> int:
+    """How many trailing characters of `text` might begin one of `needles`."""
+    for k in range(min(max((len(n) for n in needles), default=1) - 1, len(text)), 0, -1):
+        if any(n.startswith(text[-k:]) for n in needles):
+            return k
+    return 0
+
+
+@dataclass
+class ChoiceStream:
+    """What one choice has sent so far."""
+
+    sent_reasoning: str = ""
+    sent_content: str = ""
+    sent_tokens: int = 0
+    in_tool_call: bool = False
+
+    def visible(self, chat: ChatFormat, text: str, c: Completion) -> tuple[str, str]:
+        """(reasoning, content) that are safe to send: no partial tag, stop string or character."""
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
+            text = text[:-1]
+        held = [*c.stops, *chat.kept_ids.values(), *(chat.tool_parser.markers if c.tools_enabled else ())]
+        p = chat.reasoning_parser
+        if p is not None:
+            held += list(p.markers)
+        text = text[: len(text) - _partial_suffix(text, held)]
+        for s in c.stops:
+            if s in text:
+                text = text[: text.find(s)]
+        reasoning, content = "", text
+        if p is not None and (p.end in text or chat.reasoning_opened or text.lstrip().startswith(p.start)):
+            if p.end in text:
+                reasoning, content = text.split(p.end, 1)
+                content = content.lstrip("\n")
+            else:
+                reasoning, content = text, ""
+            reasoning = reasoning.split(p.start, 1)[-1].lstrip("\n")
+        if c.tools_enabled:
+            start = chat.tool_parser.starts_call(content)
+            if start is not None:
+                self.in_tool_call = True
+                content = content[:start]
+            content = content.rstrip()  # parsed content drops trailing whitespace before a call
+        if self.in_tool_call:
+            content = content[: len(self.sent_content)] if content.startswith(self.sent_content) else self.sent_content
+        return reasoning, content
+
+    def delta(self, reasoning: str, content: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if reasoning.startswith(self.sent_reasoning) and len(reasoning) > len(self.sent_reasoning):
+            out["reasoning_content"] = reasoning[len(self.sent_reasoning):]
+            self.sent_reasoning = reasoning
+        if content.startswith(self.sent_content) and len(content) > len(self.sent_content):
+            out["content"] = content[len(self.sent_content):]
+            self.sent_content = content
+        return out
+
+
+def _new_tokens(host: Any, seq: Sequence, st: ChoiceStream, top_logprobs: bool) -> tuple[int, dict[str, Any]]:
+    # The engine thread may be appending to `seq` as we read it (token ids first, then logprobs,
+    # then top logprobs): send only the tokens whose every list is complete.
+    end = len(seq.top_logprobs) if top_logprobs else len(seq.logprobs)
+    ids = seq.token_ids[st.sent_tokens:end]
+    tops = seq.top_logprobs[st.sent_tokens:end] if top_logprobs else None
+    extra = {"token_ids": ids, "logprobs": {"content": logprob_entries(host, ids, seq.logprobs[st.sent_tokens:end], tops)}}
+    st.sent_tokens = end
+    return end, extra
+
+
+async def stream_chunks(host: Any, c: Completion, disconnected: Callable[[], Any],
+                        done: Callable[[], None]) -> AsyncIterator[str]:
+    chat, n = host.chat, c.gen.n
+    streams = [ChoiceStream() for _ in range(n)]
+    finished = 0
+    try:
+        for i in range(n):
+            yield c.chunk(i, {"role": "assistant", "content": ""}, top=None if i else {"prompt_token_ids": c.prompt_ids})
+        while finished < n:
+            try:
+                kind, seq = await asyncio.wait_for(c.events.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if await disconnected():
+                    c.gen.cancelled = True
+                    return
+                continue
+            if kind == "error":
+                yield sse({"error": {"message": f"generation failed: {seq}", "type": "server_error",
+                                     "param": None, "code": None}})
+                return
+            st = streams[seq.index]
+            if kind == "token":
+                chunk = _token_chunk(host, c, seq, st) if seq.finish_reason is None else None
+                if chunk:  # a finished row's tokens come with its "finished" event
+                    yield chunk
+                continue
+            finished += 1
+            yield _final_chunk(host, c, seq, st)
+        if c.include_usage:
+            completion_tokens = sum(len(s.token_ids) for s in c.gen.sequences)
+            yield sse({"id": c.id, "object": "chat.completion.chunk", "created": c.created, "model": c.model,
+                       "choices": [], "usage": {"prompt_tokens": len(c.prompt_ids), "completion_tokens": completion_tokens,
+                                                "total_tokens": len(c.prompt_ids) + completion_tokens}})
+        yield "data: [DONE]\n\n"
+    finally:
+        if finished < n:
+            c.gen.cancelled = True
+        done()
+
+
+def _token_chunk(host: Any, c: Completion, seq: Sequence, st: ChoiceStream) -> str | None:
+    end, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs))
+    reasoning, content = st.visible(host.chat, host.chat.text(seq.token_ids[:end]), c)
+    delta = st.delta(reasoning, content)
+    return c.chunk(seq.index, delta, **extra) if delta or extra["token_ids"] else None
+
+
+def _final_chunk(host: Any, c: Completion, seq: Sequence, st: ChoiceStream) -> str:
+    _, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs))
+    message, finish, malformed = message_and_finish(host.chat, seq, c.tools_enabled)
+    remember(host.chat, message, seq, c.sampling)
+    delta = st.delta(message.get("reasoning_content") or st.sent_reasoning, message.get("content") or "")
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+    if malformed:
+        extra["malformed_tool_call"] = True
+    return c.chunk(seq.index, delta, finish, **extra, sampling=c.sampling)

@@ -1,0 +1,103 @@
+"""A model's chat format: its template, how its turns end, and how its output is parsed.
+
+Built once per served model from the tokenizer (or `--chat-template`), with the tool-call and
+reasoning parsers chosen from the template unless named (`--tool-call-parser`,
+`--reasoning-parser`, vLLM's names).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from server.chat.parsers import (ParsedOutput, ReasoningParser, ToolParser, detect_reasoning_parser,
+                                 detect_tool_parser, make_reasoning_parser, make_tool_parser)
+from server.chat.render import Renderer
+from server.chat.template import ChatTemplate
+from server.chat.turns import TurnCache
+
+log = logging.getLogger("artisan.chat")
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    return set(getattr(tokenizer, "all_special_ids", []) or []) | {
+        i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
+
+
+@dataclass
+class ChatFormat:
+    template: ChatTemplate
+    renderer: Renderer
+    tool_parser: ToolParser
+    reasoning_parser: ReasoningParser | None
+    stop_ids: set[int]
+    turns: TurnCache
+    kept_ids: dict[int, str]  # control tokens the parsers read, kept when decoding
+
+    @classmethod
+    def build(cls, tokenizer: Any, template_source: str | None = None, tool_parser: str = "auto",
+              reasoning_parser: str = "auto", eos_ids: Iterable[int] = (),
+              template_kwargs: dict[str, Any] | None = None) -> "ChatFormat":
+        template = ChatTemplate(tokenizer, template_source, template_kwargs)
+        tool_name = detect_tool_parser(template.source) if tool_parser == "auto" else tool_parser
+        reasoning_name = detect_reasoning_parser(template.source) if reasoning_parser == "auto" else reasoning_parser
+        stop_ids = {i for i in [*eos_ids, tokenizer.eos_token_id, cls._turn_end_id(tokenizer, template)]
+                    if isinstance(i, int) and i >= 0}
+        tools, reasoning = make_tool_parser(tool_name), make_reasoning_parser(reasoning_name)
+        markers = set(tools.tags) | set(reasoning.markers if reasoning else ())
+        special = _special_ids(tokenizer)
+        kept = {i: t for t in markers if isinstance(i := tokenizer.convert_tokens_to_ids(t), int) and i in special
+                and tokenizer.convert_ids_to_tokens(i) == t}
+        log.info("chat format: tool-call parser %s, reasoning parser %s, stop ids %s", tool_name, reasoning_name,
+                 sorted(stop_ids))
+        return cls(template, Renderer(template, stop_ids), tools, reasoning, stop_ids, TurnCache(), kept)
+
+    @staticmethod
+    def _turn_end_id(tokenizer: Any, template: ChatTemplate) -> int | None:
+        """The special token that closes an assistant turn in this template (`<|im_end|>`,
+        `<|eot_id|>`, `<end_of_turn>`): the model must stop there even when its config's EOS differs."""
+        ids = tokenizer.encode(template.format.turn_end, add_special_tokens=False) if template.format.turn_end else []
+        return ids[0] if ids and ids[0] in _special_ids(tokenizer) else None
+
+    # ---- output ----------------------------------------------------------------------------
+    def text(self, ids: Sequence[int]) -> str:
+        """Sampled ids as text: the closing stop token and other control tokens dropped, the
+        markers the parsers read (tool-call tags, `[TOOL_CALLS]`, `<think>`) kept."""
+        tok = self.template.tokenizer
+        ids = list(ids[:-1] if ids and ids[-1] in self.stop_ids else ids)
+        if not self.kept_ids.keys() & set(ids):
+            return tok.decode(ids, skip_special_tokens=True)
+        text, run = "", []
+        for i in ids:
+            if i in self.kept_ids:
+                text += tok.decode(run, skip_special_tokens=True) + self.kept_ids[i]
+                run = []
+            else:
+                run.append(i)
+        return text + tok.decode(run, skip_special_tokens=True)
+
+    @property
+    def reasoning_opened(self) -> bool:
+        """The generation prompt opens the reasoning block itself (the output starts inside it)."""
+        p = self.reasoning_parser
+        prompt = self.template.format.generation_prompt
+        return p is not None and p.start in prompt and p.end not in prompt.split(p.start)[-1]
+
+    def parse(self, text: str, tools_enabled: bool) -> ParsedOutput:
+        reasoning = None
+        if self.reasoning_parser is not None:
+            reasoning, text = self.reasoning_parser.split(text, self.reasoning_opened)
+        parsed = self.tool_parser.parse(text) if tools_enabled else ParsedOutput(content=text)
+        parsed.reasoning = parsed.reasoning or reasoning
+        return parsed
+
+
+def assistant_message(parsed: ParsedOutput) -> dict[str, Any]:
+    """The OpenAI assistant message of a parsed output."""
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning is not None:
+        message["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        message["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
+    return message

@@ -1,0 +1,96 @@
+"""A model's own chat template, rendered exactly as transformers renders it.
+
+The template is the tokenizer's (or one given with `--chat-template`), so the model sees the
+format it was trained on; rendering goes through the tokenizer's `apply_chat_template`, so a
+conversation renders here exactly as it does in transformers and vLLM. What the rest of the
+server needs to know about the format (how an assistant turn ends, what the generation prompt
+is) is read off the template by rendering probes, not written down per model family.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+SENTINEL = "ARTISANPROBE{}Q"
+
+
+class TemplateError(ValueError):
+    """The template refused the conversation (its own raise_exception) or failed to render it."""
+
+
+def _arguments_for_template(arguments: Any) -> Any:
+    # OpenAI clients send arguments as a JSON string; templates expect a mapping (Llama's and
+    # Mistral's apply `tojson` to it). A string that is not a JSON object stays a string.
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+        return parsed if isinstance(parsed, dict) else arguments
+    return arguments
+
+
+def content_text(content: Any) -> str | None:
+    """OpenAI content (a string, or a list of text parts) as the string templates expect."""
+    if content is None or isinstance(content, str):
+        return content
+    return "".join(part["text"] for part in content)
+
+
+def template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates read it: text content, tool-call arguments as mappings,
+    server-side fields (token ids) dropped."""
+    out = {k: v for k, v in message.items() if k != "token_ids" and v is not None}
+    if "content" in out:
+        out["content"] = content_text(out["content"])
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {**call, "function": {**call["function"],
+                                  "arguments": _arguments_for_template(call["function"].get("arguments", {}))}}
+            for call in message["tool_calls"]]
+    return out
+
+
+@dataclass(frozen=True)
+class TurnFormat:
+    """How the template frames an assistant turn, read off two probe renderings."""
+
+    generation_prompt: str  # what add_generation_prompt appends
+    turn_end: str  # the text right after an assistant turn's content (e.g. "<|im_end|>\n")
+
+
+class ChatTemplate:
+    def __init__(self, tokenizer: Any, source: str | None = None, kwargs: dict[str, Any] | None = None):
+        self.tokenizer = tokenizer
+        self.source = source or tokenizer.chat_template
+        if not self.source:
+            raise TemplateError("the tokenizer has no chat template: pass one with --chat-template FILE")
+        if isinstance(self.source, dict):
+            self.source = self.source.get("default") or next(iter(self.source.values()))
+        self.kwargs = dict(kwargs or {})
+        self.format = self._probe()
+
+    def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+               add_generation_prompt: bool, kwargs: dict[str, Any] | None = None) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                [template_message(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
+                add_generation_prompt=add_generation_prompt, chat_template=self.source,
+                **{**self.kwargs, **(kwargs or {})})
+        except Exception as e:  # jinja's TemplateError, or the template's own raise_exception
+            raise TemplateError(f"the chat template could not render this conversation: {e}") from e
+
+    @property
+    def mentions_tools(self) -> bool:
+        return "tools" in self.source
+
+    def _probe(self) -> TurnFormat:
+        user = [{"role": "user", "content": "hi"}]
+        with_prompt = self.render(user, None, True)
+        without = self.render(user, None, False)
+        convo = self.render(user + [{"role": "assistant", "content": SENTINEL.format(0)}], None, False)
+        generation_prompt = with_prompt[len(without):] if with_prompt.startswith(without) else ""
+        after = convo.split(SENTINEL.format(0), 1)[1] if SENTINEL.format(0) in convo else ""
+        return TurnFormat(generation_prompt=generation_prompt, turn_end=after)

@@ -1,0 +1,73 @@
+"""What every inference engine takes and gives: prompt token ids in, sampled ids and logprobs out.
+
+artisan renders prompts and parses outputs itself (server/chat); an engine only samples, so the
+token-exact contract (invariants 1-2) does not depend on which engine runs. An engine also holds
+the served LoRA adapters: a request names its policy's adapter and decodes with it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from server.engine.sampling import SamplingParams
+from server.serving import Policy
+
+
+class EngineFull(Exception):
+    """The waiting queue is full; the API answers 503 with Retry-After."""
+
+
+class EngineError(Exception):
+    """Sampling failed for one request (the server keeps serving the others)."""
+
+
+@dataclass
+class Sequence:
+    """One of a request's `n` samples, filled in as it decodes."""
+
+    request: "GenRequest"
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None  # stop, length, cancelled, error
+    stop_text_end: int | None = None  # where the output text is cut when a stop string matched
+    generator: Any = None  # the engine's per-row random state (seeded requests)
+    constraint: Any = None  # its progress through the request's grammar (server/engine/constraints.py)
+
+
+Emit = Callable[[str, object], None]
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    policy: Policy
+    n: int = 1
+    # Called from the engine's thread: ("token", seq), ("finished", seq) or ("error", exception).
+    emit: Emit = lambda kind, payload: None
+    stream: bool = False
+    cancelled: bool = False
+    sequences: list[Sequence] = field(default_factory=list)
+    id: int = field(default_factory=itertools.count().__next__)
+
+
+class Engine(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def submit(self, request: GenRequest) -> None:
+        """Queue a request; raises EngineFull when the queue is at its limit."""
+
+    def load_adapter(self, name: str, lora_config: Any, state: dict[str, Any]) -> None:
+        """Serve LoRA weights under `name` (a new step's snapshot)."""
+
+    def unload_adapter(self, name: str) -> None: ...
+
+    @property
+    def load(self) -> dict[str, int]:
+        """Rows decoding and sequences waiting, for /health."""

@@ -1,0 +1,131 @@
+"""Constrained decoding: `response_format` (json_object, json_schema) and `tool_choice` ("required"
+or a named function), compiled to llguidance grammars over the model's own tokenizer.
+
+A constrained row samples from the allowed tokens only, but the logprob it reports is still the
+sampled token's under softmax(logits / T) before the mask, the same distribution the trainer
+recomputes (invariant 2): a mask is a truncation, like top-p.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from server.chat.format import ChatFormat
+
+
+class ConstraintError(ValueError):
+    """The constraint cannot be honoured for this model (a 400 naming the parameter)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Constraint:
+    grammar: str  # an llguidance grammar
+    what: str  # for error messages: "response_format" or "tool_choice"
+
+
+_TOKENIZERS: dict[int, Any] = {}
+_LOCK = threading.Lock()
+
+
+def _ll_tokenizer(chat: ChatFormat) -> Any:
+    """llguidance's view of the tokenizer, built once (about a second for a 150k vocabulary)."""
+    import llguidance.hf
+
+    with _LOCK:
+        key = id(chat)
+        if key not in _TOKENIZERS:
+            _TOKENIZERS[key] = llguidance.hf.from_tokenizer(chat.template.tokenizer, eos_token=sorted(chat.stop_ids))
+        return _TOKENIZERS[key]
+
+
+def _token(chat: ChatFormat, text: str) -> str:
+    """A marker in lark: the special token itself where the tokenizer has one, else the text."""
+    if text in chat.kept_ids.values():
+        return f"<[{next(i for i, t in chat.kept_ids.items() if t == text)}]>"
+    return json.dumps(text)
+
+
+def _call_schema(tools: list[Any], name_key: str, args_key: str) -> dict[str, Any]:
+    options = [{"type": "object", "additionalProperties": False, "required": [name_key, args_key],
+                "properties": {name_key: {"const": t.function.name},
+                               args_key: t.function.parameters or {"type": "object"}}} for t in tools]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _tool_grammar(chat: ChatFormat, tools: list[Any]) -> str:
+    parser = chat.tool_parser.name
+    if parser == "hermes":
+        call = f'{_token(chat, "<tool_call>")} "\\n" %json {json.dumps(_call_schema(tools, "name", "arguments"))} ' \
+               f'"\\n" {_token(chat, "</tool_call>")}'
+        return f"start: call (\"\\n\" call)*\ncall: {call}\n"
+    if parser == "llama3_json":
+        return f"start: %json {json.dumps(_call_schema(tools, 'name', 'parameters'))}\n"
+    if parser == "mistral":
+        schema = {"type": "array", "minItems": 1, "items": _call_schema(tools, "name", "arguments")}
+        return f'start: {_token(chat, "[TOOL_CALLS]")} %json {json.dumps(schema)}\n'
+    raise ConstraintError(f"tool_choice 'required' or a named function is not supported for the {parser!r} "
+                          f"tool-call format", "tool_choice")
+
+
+def constraint_for(chat: ChatFormat, response_format: Any, tool_choice: Any, tools: list[Any] | None) -> Constraint | None:
+    import llguidance
+
+    if tool_choice == "required" or (tool_choice is not None and not isinstance(tool_choice, str)):
+        chosen = [t for t in tools or [] if isinstance(tool_choice, str)
+                  or t.function.name == tool_choice.function.name]
+        grammar = llguidance.LLMatcher.grammar_from_lark(_tool_grammar(chat, chosen))
+        what = "tool_choice"
+    elif response_format is not None and response_format.type != "text":
+        schema = response_format.json_schema.schema_ if response_format.type == "json_schema" else {"type": "object"}
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        except ValueError as e:
+            raise ConstraintError(f"response_format: {e}", "response_format")
+        what = "response_format"
+    else:
+        return None
+    error = llguidance.LLMatcher.validate_grammar(grammar, _ll_tokenizer(chat))
+    if error:
+        raise ConstraintError(f"{what}: cannot be honoured: {error.splitlines()[0][:300]}", what)
+    return Constraint(grammar, what)
+
+
+class ConstraintState:
+    """One sequence's progress through its grammar."""
+
+    def __init__(self, chat: ChatFormat, constraint: Constraint):
+        import llguidance
+
+        self.tokenizer = _ll_tokenizer(chat)
+        self.matcher = llguidance.LLMatcher(self.tokenizer, constraint.grammar)
+        self.stop_ids = sorted(chat.stop_ids)
+
+    def allowed(self, vocab: int) -> torch.Tensor:
+        """A boolean mask over the model's vocabulary of the tokens the grammar allows next."""
+        import llguidance.torch as lt
+
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        if self.matcher.is_stopped() or self.matcher.is_error():
+            mask[self.stop_ids] = True  # done (or lost): only the end of the turn is left
+            return mask
+        bits = lt.allocate_token_bitmask(1, self.tokenizer.vocab_size)
+        lt.fill_next_token_bitmask(self.matcher, bits)
+        words = bits[0].to(torch.int64) & 0xFFFFFFFF
+        flags = ((words[:, None] >> torch.arange(32)) & 1).bool().flatten()[: min(vocab, self.tokenizer.vocab_size)]
+        mask[: flags.numel()] = flags
+        if not mask.any():
+            mask[self.stop_ids] = True
+        return mask
+
+    def advance(self, token: int) -> None:
+        if not self.matcher.is_stopped():
+            self.matcher.consume_token(token)
