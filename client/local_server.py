@@ -26,9 +26,11 @@ def free_port() -> int:
 
 
 class LocalServer:
-    def __init__(self, data_dir: Path, model: Path | None = None, api_key: str | None = None,
-                 extra: Sequence[str] = (), log: Path | None = None, port: int | None = None):
+    def __init__(self, data_dir: Path, model: Path | str | None = None, api_key: str | None = None,
+                 extra: Sequence[str] = (), log: Path | None = None, port: int | None = None,
+                 env: dict[str, str] | None = None):
         self.data_dir, self.model, self.api_key, self.extra = Path(data_dir), model, api_key, list(extra)
+        self.env = env or {}
         self.port = port or free_port()
         self.log_path = log or self.data_dir / f"server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
@@ -43,7 +45,7 @@ class LocalServer:
                "--log-level", "warning", *self.extra]
         if self.model:
             cmd += ["--model", str(self.model)]
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env.pop("ARTISAN_API_KEY", None)
         if self.api_key:
             env["ARTISAN_API_KEY"] = self.api_key
@@ -63,6 +65,11 @@ class LocalServer:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"art-server did not answer /health within {timeout:.0f}s; see {self.log_path}")
+
+    def wait_exit(self, timeout: float = 120) -> int:
+        """Wait for the server to end on its own (a crash the test provoked)."""
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as in a crash."""

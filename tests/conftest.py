@@ -18,8 +18,8 @@ class ServerProcess(LocalServer):
     """`art-server` in a subprocess, as a user runs it (on the CPU)."""
 
     def __init__(self, data_dir: Path, model: Path | None = None, api_key: str | None = None,
-                 extra: list[str] | None = None):
-        super().__init__(data_dir, model, api_key, ["--device", "cpu", *(extra or [])])
+                 extra: list[str] | None = None, env: dict[str, str] | None = None):
+        super().__init__(data_dir, model, api_key, ["--device", "cpu", *(extra or [])], env=env)
 
 
 @pytest.fixture(scope="session")
@@ -30,16 +30,30 @@ def server(tmp_path_factory):
     srv.stop()
 
 
-@pytest.fixture
-def fresh_server(tmp_path):
-    """A server of the test's own (for tests that kill it or change its state)."""
+def _server_factory(root: Path):
     servers: list[ServerProcess] = []
 
     def make(**kw) -> ServerProcess:
-        srv = ServerProcess(kw.pop("data_dir", tmp_path / f"data{len(servers)}"), **kw)
+        srv = ServerProcess(kw.pop("data_dir", root / f"data{len(servers)}"), **kw)
         servers.append(srv)
         return srv.start()
 
+    return make, servers
+
+
+@pytest.fixture
+def fresh_server(tmp_path):
+    """A server of the test's own (for tests that kill it or change its state)."""
+    make, servers = _server_factory(tmp_path)
+    yield make
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def fresh_server_module(tmp_path_factory):
+    """Servers of a test module's own."""
+    make, servers = _server_factory(tmp_path_factory.mktemp("module-servers"))
     yield make
     for s in servers:
         s.stop()

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from server.faults import crash_point
+
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
 
@@ -44,11 +46,13 @@ def write(root: Path, step: int, adapter_state: dict[str, torch.Tensor], optimiz
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
+    crash_point("checkpoint_written")
     final = step_dir(root, step)
     if final.exists():  # a step is written once; a leftover from a crashed rewrite is replaced
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync_dir(root)
+    crash_point("checkpoint_renamed")
     return final
 
 

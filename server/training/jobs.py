@@ -21,6 +21,7 @@ from typing import Any
 
 from protocol.jobs import RLJob, SFTJob, TrainResult
 from protocol.metrics import StepMetrics
+from server.faults import crash_point
 from server.store import Store, trajectory_rows
 from server.training import checkpoints, steps
 from server.training.optimize import Cancelled
@@ -216,7 +217,9 @@ class JobManager:
         def before_commit(m: StepMetrics, warnings: list[str]) -> None:
             self.store.put_step(run.name, pending["step"], req.kind, m.model_dump(mode="json"), warnings,
                                 pending["rows"], pending=True)
+            crash_point("pending_stored")
 
+        crash_point("step_start")
         hooks = steps.Hooks(progress, stop, before_commit)
         if isinstance(req, RLJob):
             result = steps.rl_step(run, req.groups, req.config, meta, hooks)
@@ -225,6 +228,7 @@ class JobManager:
         result.job_id = job.id
         if result.trained:
             self.store.confirm_step(run.name, result.step)
+            crash_point("step_confirmed")
             self._after_step(run, req, result)
         return result
 

@@ -109,8 +109,8 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, meta: dic
         m.signal_share = signal_share(cfg.loss_aggregation, m.trainable_tokens, len(batch.sequences),
                                       batch.dropped_tokens, batch.dropped_sequences)
     plan = OptimPlan.for_rl(cfg, cfg.learning_rate or default_learning_rate(run.host.config))
-    fit(run, plan, m, t0, lambda: optimize(run, batch.sequences, plan, rl_loss(cfg), loss_scale=m.signal_share,
-                                           should_stop=hooks.should_stop))
+    fit(run, plan, m, t0, batch.sequences[0], lambda: optimize(
+        run, batch.sequences, plan, rl_loss(cfg), loss_scale=m.signal_share, should_stop=hooks.should_stop))
     return conclude(run, "rl", m, meta, hooks)
 
 
@@ -122,15 +122,20 @@ def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, meta: 
                     trainable_tokens=sum(s.n_loss_tokens for s in sequences))
     hooks.progress("assembled", {"sequences": len(sequences), "trainable_tokens": m.trainable_tokens})
     plan = OptimPlan.for_sft(cfg, cfg.learning_rate or default_learning_rate(run.host.config), len(sequences))
-    fit(run, plan, m, t0, lambda: optimize(run, sequences, plan, sft_loss, measure_gap=False, measure_kl=False,
-                                           should_stop=hooks.should_stop))
+    fit(run, plan, m, t0, sequences[0], lambda: optimize(
+        run, sequences, plan, sft_loss, measure_gap=False, measure_kl=False, should_stop=hooks.should_stop))
     return conclude(run, "sft", m, meta, hooks)
 
 
-def fit(run: Run, plan: OptimPlan, m: StepMetrics, t0: float, run_optimizer: Callable[[], Any]) -> None:
-    """The optimisation pass and the figures only it can give (update norm, throughput)."""
+def fit(run: Run, plan: OptimPlan, m: StepMetrics, t0: float, probe: TrainSequence,
+        run_optimizer: Callable[[], Any]) -> None:
+    """The optimisation pass and the figures only it can give (update norm, throughput). An update
+    that leaves the adapter, or what it computes on `probe`, non-finite is rolled back here."""
     before = [p.detach().clone() for p in run.params]
     stats = run_optimizer()
+    if stats.optimizer_steps and not _finite(run, probe.ids[:256]):
+        run.restore()
+        raise StepFailed(NON_FINITE_UPDATE)
     for k, v in stats.figures().items():
         setattr(m, k, v)
     m.lora_update_norm = math.sqrt(sum(float(((p.detach() - b) ** 2).sum()) for p, b in zip(run.params, before)))
@@ -140,13 +145,19 @@ def fit(run: Run, plan: OptimPlan, m: StepMetrics, t0: float, run_optimizer: Cal
     m.trained = stats.optimizer_steps > 0
 
 
+def _finite(run: Run, ids: list[int]) -> bool:
+    if not all(bool(torch.isfinite(p).all()) for p in run.params):
+        return False
+    host = run.host
+    with host.lock, torch.no_grad():
+        host.model.set_adapter(run.adapter)
+        logits = host.model(input_ids=torch.tensor([ids], device=host.device)).logits
+    return bool(torch.isfinite(logits).all())
+
+
 def conclude(run: Run, kind: str, m: StepMetrics, meta: dict[str, Any], hooks: Hooks) -> TrainResult:
-    """Warnings, and for a step that trained: commit it (advance, checkpoint, publish). An update
-    that left the adapter non-finite is rolled back to the last checkpoint instead."""
+    """Warnings, and for a step that trained: commit it (advance, checkpoint, publish)."""
     warnings = step_warnings(m)
-    if m.trained and not all(bool(torch.isfinite(p).all()) for p in run.params):
-        run.restore()
-        raise StepFailed(NON_FINITE_UPDATE)
     if m.trained:
         hooks.before_commit(m, warnings)
         run.commit(kind, m, warnings, meta)
