@@ -1,11 +1,15 @@
 """Serving throughput through the HTTP server vs an in-process padded static batch.
 
-Builds a ~20M-parameter model (random weights: speed does not depend on what it says), starts
-art-server on it, and measures generated tokens per second at 1, 8 and 32 concurrent clients.
-The baseline, measured in the same run on the same machine, is transformers' `generate` on one
-padded batch of 32 prompts with the same token counts (`roofline_c32`).
+Starts art-server on a model (by default a ~20M-parameter random Qwen2: speed does not depend on
+what it says; `--model` takes a directory or a .gguf file) with each engine asked for, and
+measures generated tokens per second at 1, 8 and 32 concurrent clients. The baseline, measured in
+the same run on the same machine, is transformers' `generate` on one padded batch of 32 prompts
+with the same token counts (`roofline_c32`).
 
-    python bench/serve.py            # prints one JSON line last
+    python bench/serve.py                                   # the random Qwen2, torch engine
+    python bench/serve.py --model SmolLM2.gguf --engine torch --engine vllm
+
+Prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import typer
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client.local_server import LocalServer  # noqa: E402
@@ -25,27 +31,27 @@ from client.local_server import LocalServer  # noqa: E402
 MAX_TOKENS = 64
 PROMPT = "Please tell me about the price and the stock of the apple, the banana and the cherry today."
 MODEL_SHAPE = dict(hidden=512, layers=6, heads=8, kv_heads=2, intermediate=1408)
+LOADS = ((1, 4), (8, 3), (32, 2))  # (concurrent clients, requests each)
 
 
-async def _client_load(url: str, concurrency: int, requests_per_client: int) -> float:
+async def _client_load(url: str, model: str, concurrency: int, requests_per_client: int) -> float:
     """Generated tokens per second with `concurrency` clients each sending requests back to back."""
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
     messages = [{"role": "user", "content": PROMPT}]
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=1800) as client:
+        async def one_client() -> int:
+            tokens = 0
+            for _ in range(requests_per_client):
+                r = await client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS,
+                                                         temperature=1.0, extra_body={"ignore_eos": True})
+                tokens += r.usage.completion_tokens
+            return tokens
 
-    async def one_client() -> int:
-        tokens = 0
-        for _ in range(requests_per_client):
-            r = await client.chat.completions.create(model="bench", messages=messages, max_tokens=MAX_TOKENS,
-                                                     temperature=1.0, extra_body={"ignore_eos": True})
-            tokens += r.usage.completion_tokens
-        return tokens
-
-    await one_client()  # warm-up
-    started = time.perf_counter()
-    tokens = sum(await asyncio.gather(*(one_client() for _ in range(concurrency))))
-    return tokens / (time.perf_counter() - started)
+        await one_client()  # warm-up
+        started = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(one_client() for _ in range(concurrency))))
+        return tokens / (time.perf_counter() - started)
 
 
 def _roofline(model_dir: Path, batch: int, prompt_ids: list[int]) -> float:
@@ -69,30 +75,44 @@ def _roofline(model_dir: Path, batch: int, prompt_ids: list[int]) -> float:
     return best
 
 
-def main() -> None:
+def _model(model: str | None, work: Path) -> tuple[Path, str]:
+    """A model directory and a name for it in the output."""
     from safetensors.torch import load_file
+
+    from server.embedded.build import build_model
+    from server.model_source import resolve
+    from server.settings import DEFAULT_CACHE
+
+    if model:
+        path = resolve(model, DEFAULT_CACHE / "models")
+        return path, Path(model).stem
+    path = build_model(work / "model", **MODEL_SHAPE)
+    n_params = sum(t.numel() for t in load_file(str(path / "model.safetensors")).values())
+    return path, f"qwen2-{n_params / 1e6:.1f}M"
+
+
+def main(model: str = typer.Option(None, help="A model directory or .gguf file (default: a random 20M Qwen2)."),
+         engine: list[str] = typer.Option(["torch"], help="torch and/or vllm (repeat to compare in one run).")) -> None:
     from transformers import AutoTokenizer
 
     from server.chat.format import ChatFormat
-    from server.embedded.build import build_model
 
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    model_dir = build_model(work / "model", **MODEL_SHAPE)
-    meta = json.loads((model_dir / "artisan.json").read_text())
-    (model_dir / "artisan.json").write_text(json.dumps({**meta, "name": "bench"}))
-    n_params = sum(t.numel() for t in load_file(str(model_dir / "model.safetensors")).values())
+    model_dir, label = _model(model, work)
     prompt_ids = ChatFormat.build(AutoTokenizer.from_pretrained(model_dir)).renderer.render(
         [{"role": "user", "content": PROMPT}]).ids
-
-    with LocalServer(work / "data", model=model_dir, extra=["--device", "cpu"]) as server:
-        results = {f"throughput_c{c}": asyncio.run(_client_load(server.url, c, n)) for c, n in ((1, 4), (8, 3), (32, 2))}
-    results["roofline_c32"] = _roofline(model_dir, 32, prompt_ids)
-    out = {"model": f"qwen2-{n_params / 1e6:.1f}M", **{k: round(v, 1) for k, v in results.items()},
-           "c32_vs_roofline": round(results["throughput_c32"] / results["roofline_c32"], 3),
-           "c32_vs_c1": round(results["throughput_c32"] / results["throughput_c1"], 2),
-           "prompt_tokens": len(prompt_ids), "max_tokens": MAX_TOKENS}
+    out: dict = {"model": label, "prompt_tokens": len(prompt_ids), "max_tokens": MAX_TOKENS}
+    for name in engine:
+        extra = ["--device", "cpu", "--served-model-name", "bench", "--engine", name]
+        with LocalServer(work / f"data-{name}", model=model_dir, extra=extra) as server:
+            for c, n in LOADS:
+                out[f"{name}_c{c}"] = round(asyncio.run(_client_load(server.url, "bench", c, n)), 1)
+    out["roofline_c32"] = round(_roofline(model_dir, 32, prompt_ids), 1)
+    for name in engine:
+        out[f"{name}_c32_vs_roofline"] = round(out[f"{name}_c32"] / out["roofline_c32"], 3)
+        out[f"{name}_c32_vs_c1"] = round(out[f"{name}_c32"] / out[f"{name}_c1"], 2)
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main()
+    typer.run(main)

@@ -132,7 +132,7 @@ def test_renderer_splices_sampled_turns_instead_of_retokenizing(tok):
         {"role": "assistant", "content": "second"},
         {"role": "user", "content": "u3"},
     ]
-    rendered = r.render(messages, lookup=lambda m: SampledTurn(turns[m["content"]]) if m["content"] in turns else None)
+    rendered = r.render(messages, lookup=lambda m: [SampledTurn(turns[m["content"]])] if m["content"] in turns else [])
     ids = rendered.ids
     assert rendered.spliced_turns == 2 and rendered.rewritten_turns == 0
     nl = tok.encode("\n", add_special_tokens=False)

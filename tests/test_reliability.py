@@ -63,8 +63,12 @@ def test_sigkill_at_every_point_of_a_step_leaves_it_whole_or_absent(tmp_path, gr
     for i, point in enumerate(POINTS):
         key, step = f"k-crash-{i}", i + 2
         crashy = ServerProcess(data, env={"ARTISAN_CRASH_AT": point}).start()
-        r = _post(crashy.url, "/v1/runs/crashy/jobs", _rl_body(groups, key))
-        assert r.status_code == 202, r.text
+        try:
+            r = _post(crashy.url, "/v1/runs/crashy/jobs", _rl_body(groups, key))
+            assert r.status_code == 202, r.text
+            job_id = r.json()["job_id"]
+        except httpx.RemoteProtocolError:  # the crash can beat the answer to the submission itself
+            job_id = None
         assert crashy.wait_exit() != 0, f"the server did not crash at {point}"
         crashy.stop()
         with ServerProcess(data) as srv:
@@ -76,8 +80,9 @@ def test_sigkill_at_every_point_of_a_step_leaves_it_whole_or_absent(tmp_path, gr
                 assert s in run["checkpoints"]
                 rows = _get(srv.url, "/v1/runs/crashy/trajectories", step=s, split="train")["data"]
                 assert len(rows) == n_trajectories, (point, s, len(rows))
-            job = _get(srv.url, f"/v1/jobs/{r.json()['job_id']}")
-            assert job["status"] == ("succeeded" if run["step"] == step else "interrupted"), (point, job)
+            if job_id is not None:
+                job = _get(srv.url, f"/v1/jobs/{job_id}")
+                assert job["status"] == ("succeeded" if run["step"] == step else "interrupted"), (point, job)
             # the client's retry finishes the step once, and reads a finished job as finished
             result = asyncio.run(_train(srv.url, groups, key))
             assert result.step == step and _get(srv.url, "/v1/runs/crashy")["step"] == step, point

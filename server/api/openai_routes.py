@@ -69,7 +69,8 @@ def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len
     # A budget past the window is clamped, not refused: the choice then ends with "length".
     max_tokens = min(budget, room) if budget else room
     try:
-        constraint = constraint_for(state.host.chat, body.response_format, body.tool_choice, body.tools)
+        constraint = constraint_for(state.host.chat, body.response_format, body.tool_choice, body.tools,
+                                    body.parallel_tool_calls)
     except ConstraintError as e:
         raise APIError(400, str(e), param=e.param, code="unsupported_constraint")
     return SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens, stop=body.stop,

@@ -109,6 +109,7 @@ class ChatCompletionRequest(BaseModel):
     messages: Messages = Field(min_length=1)
     tools: list[ToolSpec] | None = Field(default=None, max_length=128)
     tool_choice: ToolChoice = None
+    parallel_tool_calls: bool = True  # False: at most one call (honoured when tool_choice forces a call)
     response_format: ResponseFormat | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)

@@ -22,8 +22,12 @@ from typing import Any, Callable, Sequence
 from server.chat.template import SENTINEL, ChatTemplate
 from server.chat.turns import SampledTurn
 
-# Finds the sampled ids of an assistant message this server generated, or None.
-TurnLookup = Callable[[dict[str, Any]], "SampledTurn | None"]
+# The samplings an assistant message may be (newest first); empty for a turn this server never sampled.
+TurnLookup = Callable[[dict[str, Any]], "list[SampledTurn]"]
+
+
+def no_turns(message: dict[str, Any]) -> list[SampledTurn]:
+    return []
 
 
 def fingerprint(ids: Sequence[int]) -> str:
@@ -66,11 +70,12 @@ class Renderer:
         return self.template.render(messages, tools, add_generation_prompt, kwargs)
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True, lookup: TurnLookup = lambda m: None,
-               kwargs: dict[str, Any] | None = None) -> RenderedPrompt:
+               add_generation_prompt: bool = True, lookup: TurnLookup = no_turns,
+               kwargs: dict[str, Any] | None = None, _chosen: dict[int, Any] | None = None) -> RenderedPrompt:
+        chosen = {} if _chosen is None else _chosen  # which sampling each turn is, shared with prefix renders
         text = self.text(messages, tools, add_generation_prompt, kwargs)
-        splices = [_Splice(i, t) for i, m in enumerate(messages)
-                   if m.get("role") == "assistant" and (t := lookup(m)) is not None]
+        splices = [_Splice(i, t) for i, m in enumerate(messages) if m.get("role") == "assistant"
+                   and (t := self._sampled_turn(messages, i, tools, lookup, kwargs, chosen))]
         if not splices:
             return RenderedPrompt(self.encode(text))
         pieces = self._pieces(messages, tools, add_generation_prompt, kwargs, text, splices)
@@ -78,6 +83,19 @@ class Renderer:
             return RenderedPrompt(self.encode(text), rewritten_turns=len(splices),
                                   spliced={s.index: False for s in splices})
         return self._assemble(pieces, splices)
+
+    def _sampled_turn(self, messages: Sequence[dict[str, Any]], i: int, tools, lookup: TurnLookup,
+                      kwargs: dict[str, Any] | None, chosen: dict[int, Any]) -> SampledTurn | None:
+        """Which sampling message `i` is. When the same text was sampled after different prompts
+        (siblings in a group often agree), the one sampled from this conversation's prompt."""
+        if i not in chosen:
+            candidates = lookup(messages[i])
+            chosen[i] = candidates[0] if candidates else None
+            if len(candidates) > 1:
+                prompt = fingerprint(self.render(messages[:i], tools, True, lookup, kwargs, chosen).ids)
+                chosen[i] = next((c for c in candidates if c.record
+                                  and c.record["sampling"]["prompt_fingerprint"] == prompt), candidates[0])
+        return chosen[i]
 
     def _pieces(self, messages, tools, add_generation_prompt, kwargs, text: str,
                 splices: list[_Splice]) -> list[str] | None:
@@ -88,12 +106,13 @@ class Renderer:
         for k, s in enumerate(splices):
             probe[s.index] = {"role": "assistant", "content": SENTINEL.format(k + 1)}
         marked = self.text(probe, tools, add_generation_prompt, kwargs)
-        pieces, rest = [], marked
+        pieces, rest, gap = [], marked, self.template.format.gap
         for k in range(len(splices)):
             before, found, rest = rest.partition(SENTINEL.format(k + 1))
             if not found:
                 return None
-            pieces.append(before)
+            # The sampler's prompt ended at the generation prompt: the model wrote the gap itself.
+            pieces.append(before[: -len(gap)] if gap and before.endswith(gap) else before)
         pieces.append(rest)
         pos = 0
         for k, s in enumerate(splices):
@@ -116,7 +135,8 @@ class Renderer:
             end_text = self.tokenizer.decode([sampled[-1]]) if ends else ""
             said = self.tokenizer.decode(sampled[:-1] if ends else sampled)
             closes = not ends or pieces[k + 1].startswith(end_text)
-            dropped = len(s.body) < len(said) and said.endswith(s.body) and said[:len(said) - len(s.body)].strip()
+            body = s.body.strip()
+            dropped = len(body) < len(said) and said.endswith(body) and said[:len(said) - len(body)].strip()
             if closes and not dropped:
                 out.ids += sampled
                 carry = end_text

@@ -59,6 +59,9 @@ class TurnFormat:
 
     generation_prompt: str  # what add_generation_prompt appends
     turn_end: str  # the text right after an assistant turn's content (e.g. "<|im_end|>\n")
+    # What the template puts between the generation prompt and a turn's content, that the model
+    # itself writes when sampling (Mistral's space after [/INST]: its tokens begin with "▁").
+    gap: str = ""
 
 
 class ChatTemplate:
@@ -92,5 +95,7 @@ class ChatTemplate:
         without = self.render(user, None, False)
         convo = self.render(user + [{"role": "assistant", "content": SENTINEL.format(0)}], None, False)
         generation_prompt = with_prompt[len(without):] if with_prompt.startswith(without) else ""
-        after = convo.split(SENTINEL.format(0), 1)[1] if SENTINEL.format(0) in convo else ""
-        return TurnFormat(generation_prompt=generation_prompt, turn_end=after)
+        before, _, after = convo.partition(SENTINEL.format(0))
+        header = before[len(without):] if before.startswith(without) else ""
+        gap = header[len(generation_prompt):] if header.startswith(generation_prompt) else ""
+        return TurnFormat(generation_prompt, after, gap if gap.isspace() else "")

@@ -48,22 +48,28 @@ def turn_key(message: dict[str, Any]) -> str:
 
 
 class TurnCache:
-    def __init__(self, capacity: int = 200_000):
-        self.capacity = capacity
-        self._items: OrderedDict[str, SampledTurn] = OrderedDict()
+    """Several rollouts of a group often write the same turn ("The price is 12."), each after its
+    own prompt: a turn's text keeps its few newest samplings, and the renderer tells them apart by
+    the prompt each was sampled from."""
+
+    def __init__(self, capacity: int = 50_000, per_turn: int = 8):
+        self.capacity, self.per_turn = capacity, per_turn
+        self._items: OrderedDict[str, list[SampledTurn]] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, message: dict[str, Any], turn: SampledTurn) -> None:
         key = turn_key(message)
         with self._lock:
-            self._items[key] = turn
+            self._items[key] = [turn, *self._items.get(key, [])][: self.per_turn]
             self._items.move_to_end(key)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
-    def lookup(self, message: dict[str, Any]) -> SampledTurn | None:
-        ids = message.get("token_ids")  # a client, or a training job, may carry the ids itself
+    def lookup(self, message: dict[str, Any]) -> list[SampledTurn]:
+        """The samplings this turn may be, newest first: the ids a client or a training job
+        carries in the message itself, else what this server remembers."""
+        ids = message.get("token_ids")
         if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
-            return SampledTurn(tuple(ids))
+            return [SampledTurn(tuple(ids))]
         with self._lock:
-            return self._items.get(turn_key(message))
+            return list(self._items.get(turn_key(message), []))

@@ -48,46 +48,57 @@ def _ll_tokenizer(chat: ChatFormat) -> Any:
 
 
 def _token(chat: ChatFormat, text: str) -> str:
-    """A marker in lark: the special token itself where the tokenizer has one, else the text."""
-    if text in chat.kept_ids.values():
-        return f"<[{next(i for i, t in chat.kept_ids.items() if t == text)}]>"
+    """A marker in lark: the tokenizer's own token for it where it has one (an added token, as
+    Qwen's `<tool_call>` is: llguidance never spells those out of bytes), else the text."""
+    tok = chat.template.tokenizer
+    i = tok.convert_tokens_to_ids(text)
+    if isinstance(i, int) and i in getattr(tok, "added_tokens_decoder", {}):
+        return f"<[{i}]>"
     return json.dumps(text)
+
+
+# JSON as json.dumps writes it: no free whitespace to wander in, and the text a template's
+# `tojson` renders a call back as, so the sampled turn is spliced into later prompts as it was.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _call_schema(tools: list[Any], name_key: str, args_key: str) -> dict[str, Any]:
     options = [{"type": "object", "additionalProperties": False, "required": [name_key, args_key],
                 "properties": {name_key: {"const": t.function.name},
                                args_key: t.function.parameters or {"type": "object"}}} for t in tools]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    return {"x-guidance": JSON_STYLE, **(options[0] if len(options) == 1 else {"anyOf": options})}
 
 
-def _tool_grammar(chat: ChatFormat, tools: list[Any]) -> str:
+def _tool_grammar(chat: ChatFormat, tools: list[Any], parallel: bool) -> str:
     parser = chat.tool_parser.name
     if parser == "hermes":
         call = f'{_token(chat, "<tool_call>")} "\\n" %json {json.dumps(_call_schema(tools, "name", "arguments"))} ' \
                f'"\\n" {_token(chat, "</tool_call>")}'
-        return f"start: call (\"\\n\" call)*\ncall: {call}\n"
+        more = ' ("\\n" call)*' if parallel else ""
+        return f"start: call{more}\ncall: {call}\n"
     if parser == "llama3_json":
         return f"start: %json {json.dumps(_call_schema(tools, 'name', 'parameters'))}\n"
     if parser == "mistral":
-        schema = {"type": "array", "minItems": 1, "items": _call_schema(tools, "name", "arguments")}
+        schema = {"x-guidance": JSON_STYLE, "type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}),
+                  "items": _call_schema(tools, "name", "arguments")}
         return f'start: {_token(chat, "[TOOL_CALLS]")} %json {json.dumps(schema)}\n'
     raise ConstraintError(f"tool_choice 'required' or a named function is not supported for the {parser!r} "
                           f"tool-call format", "tool_choice")
 
 
-def constraint_for(chat: ChatFormat, response_format: Any, tool_choice: Any, tools: list[Any] | None) -> Constraint | None:
+def constraint_for(chat: ChatFormat, response_format: Any, tool_choice: Any, tools: list[Any] | None,
+                   parallel_tool_calls: bool = True) -> Constraint | None:
     import llguidance
 
     if tool_choice == "required" or (tool_choice is not None and not isinstance(tool_choice, str)):
         chosen = [t for t in tools or [] if isinstance(tool_choice, str)
                   or t.function.name == tool_choice.function.name]
-        grammar = llguidance.LLMatcher.grammar_from_lark(_tool_grammar(chat, chosen))
+        grammar = llguidance.LLMatcher.grammar_from_lark(_tool_grammar(chat, chosen, parallel_tool_calls))
         what = "tool_choice"
     elif response_format is not None and response_format.type != "text":
         schema = response_format.json_schema.schema_ if response_format.type == "json_schema" else {"type": "object"}
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
         except ValueError as e:
             raise ConstraintError(f"response_format: {e}", "response_format")
         what = "response_format"

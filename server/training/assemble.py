@@ -14,6 +14,7 @@ fingerprint; one the server never sampled is context, counted.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -23,7 +24,7 @@ from protocol.choices import (SamplingInfo, as_message, check_choice_numbers, ch
                               choice_token_ids)
 from protocol.trajectory import Conversation, History, TrajectoryGroup
 from server.chat.format import ChatFormat
-from server.chat.render import fingerprint
+from server.chat.render import RenderedPrompt, fingerprint
 from server.chat.template import TemplateError
 from server.chat.validate import RenderError
 
@@ -111,16 +112,30 @@ def _check_choice(choice: Choice, vocab_size: int, model_fingerprint: str, where
                             f"(fingerprint {info.model_fingerprint}, this server {model_fingerprint})")
 
 
-def _sampled(choice: Choice, message: dict[str, Any], chat: ChatFormat) -> SampledChoice | None:
-    """The choice's own record, or what this server remembers sampling for that turn."""
+def _resolve(choice: Choice, messages: list[dict[str, Any]], idx: int, tools: Any, chat: ChatFormat
+             ) -> tuple[SampledChoice | None, RenderedPrompt | None]:
+    """The turn as sampled, and the prompt rebuilt for it: the choice's own record, or, for a
+    choice that lost it, what this server sampled with that text after that very prompt."""
+    def prompt(kwargs: dict[str, Any] | None) -> RenderedPrompt:
+        try:
+            return chat.renderer.render(messages[:idx], tools, True, chat.turns.lookup, kwargs)
+        except (RenderError, TemplateError) as e:
+            raise AssemblyError(f"messages before choice {idx}: {e}")
+
     ids, lps, info = choice_token_ids(choice), choice_logprobs(choice), choice_sampling(choice)
     if ids is not None and lps is not None and info is not None:
-        return SampledChoice(ids, lps, info)
-    cached = chat.turns.lookup({k: v for k, v in message.items() if k != "token_ids"})
-    if cached is None or cached.record is None:
-        return None
-    return SampledChoice(list(cached.token_ids), list(cached.record["logprobs"]),
-                         SamplingInfo.model_validate(cached.record["sampling"]), recovered=True)
+        return SampledChoice(ids, lps, info), prompt(info.model_extra.get("chat_template_kwargs"))
+    candidates = [c for c in chat.turns.lookup({k: v for k, v in messages[idx].items() if k != "token_ids"})
+                  if c.record is not None]
+    rebuilt: dict[str, RenderedPrompt] = {}
+    for c in candidates:  # newest first; the first sampled after this prompt is the one
+        kwargs = c.record["sampling"].get("chat_template_kwargs")
+        p = rebuilt.setdefault(json.dumps(kwargs, sort_keys=True), prompt(kwargs))
+        if fingerprint(p.ids) == c.record["sampling"]["prompt_fingerprint"] or c is candidates[-1]:
+            # no match at all: the newest is taken, and the fingerprint check will not train it
+            sampling = SamplingInfo.model_validate(c.record["sampling"])
+            return SampledChoice(list(c.token_ids), list(c.record["logprobs"]), sampling, recovered=True), p
+    return None, None
 
 
 def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = False
@@ -128,43 +143,34 @@ def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = 
     stats = AssemblyStats()
     items = history.messages_and_choices
     messages = [as_message(i) for i in items]
-    sampled: dict[int, SampledChoice | None] = {}
-    for idx, item in enumerate(items):
-        if isinstance(item, Choice):
-            sampled[idx] = s = _sampled(item, messages[idx], chat)
-            if s is not None:  # later prompts splice these exact ids
-                messages[idx] = {**messages[idx], "token_ids": s.ids}
-        elif item.get("role") == "assistant":
-            stats.context_only_assistant_messages += 1
     sequences: list[TrainSequence] = []
     current: TrainSequence | None = None
     rewritten: set[int] = set()
-    for idx, s in sampled.items():
+    for idx, item in enumerate(items):
+        if not isinstance(item, Choice):
+            stats.context_only_assistant_messages += item.get("role") == "assistant"
+            continue
         stats.choices += 1
-        if s is None:
+        s, prompt = _resolve(item, messages, idx, history.tools, chat)
+        if s is None or prompt is None:
             stats.unsampled_choices += 1
             continue
+        messages[idx] = {**messages[idx], "token_ids": s.ids}  # later prompts splice these exact ids
         stats.recovered_choices += s.recovered
-        try:
-            prompt = chat.renderer.render(messages[:idx], history.tools, True, lookup=chat.turns.lookup,
-                                          kwargs=s.sampling.model_extra.get("chat_template_kwargs"))
-        except (RenderError, TemplateError) as e:
-            raise AssemblyError(f"messages before choice {idx}: {e}")
         rewritten |= {i for i, ok in prompt.spliced.items() if not ok}
-        ids = prompt.ids + list(s.sampling.model_extra.get("prefill_ids") or [])
-        matches = fingerprint(ids) == s.sampling.prompt_fingerprint
-        truncated = items[idx].finish_reason == "length"
+        matches = fingerprint(prompt.ids) == s.sampling.prompt_fingerprint
+        truncated = item.finish_reason == "length"
         trained = matches and not (truncated and mask_truncated)
         stats.truncated_choices += truncated
         stats.prompt_mismatches += not matches
         stats.trained_choices += trained
-        if current is not None and ids[: len(current.ids)] == current.ids:
-            current.extend(ids[len(current.ids):], trained=False)
+        if current is not None and prompt.ids[: len(current.ids)] == current.ids:
+            current.extend(prompt.ids[len(current.ids):], trained=False)
         else:
             stats.non_extending_turns += current is not None
             current = TrainSequence()
             sequences.append(current)
-            current.extend(ids, trained=False)
+            current.extend(prompt.ids, trained=False)
         current.extend(s.ids, trained, s.logprobs, s.sampling.logprob_temperature)
     stats.rewritten_turns = len(rewritten)
     stats.trajectories_without_choices = int(stats.choices == 0)

@@ -1,0 +1,102 @@
+"""Tiny stand-ins for the model families people train: each family's real chat template (kept as
+test data in tests/data/templates) on a small byte-level tokenizer that has the family's special
+tokens, and a random-weight model of the family's architecture. Rendering, splicing and parsing
+depend on the template and the special tokens, not on the vocabulary's size or the weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from tests.real_models import TEMPLATES
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    template: str  # file in tests/data/templates
+    architecture: str  # transformers config class
+    special: tuple[str, ...]  # control tokens (dropped from visible text)
+    added: tuple[str, ...] = ()  # plain added tokens (kept in text, as Qwen's tool and think tags are)
+    bos: str | None = None
+    eos: str = ""
+    config: dict = field(default_factory=dict)
+
+
+QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+QWEN_ADDED = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+
+FAMILIES = {
+    "qwen2_5": Family("qwen2_5", "qwen2_5.jinja", "Qwen2Config", QWEN_SPECIAL, QWEN_ADDED, eos="<|im_end|>"),
+    "qwen3": Family("qwen3", "qwen3.jinja", "Qwen3Config", QWEN_SPECIAL, QWEN_ADDED, eos="<|im_end|>"),
+    "llama3_1": Family("llama3_1", "llama3_1.jinja", "LlamaConfig",
+                       ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                        "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"), bos="<|begin_of_text|>", eos="<|eot_id|>"),
+    "mistral_v0_3": Family("mistral_v0_3", "mistral_v0_3.jinja", "MistralConfig",
+                           ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                            "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), bos="<s>", eos="</s>"),
+    "gemma3": Family("gemma3", "gemma3.jinja", "Gemma3TextConfig",
+                     ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"), bos="<bos>", eos="<eos>",
+                     config={"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16}),
+    "gpt_oss": Family("gpt_oss", "gpt_oss.jinja", "GptOssConfig",
+                      ("<|startoftext|>", "<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+                       "<|constrain|>", "<|return|>", "<|call|>"), eos="<|return|>"),
+    "smollm2": Family("smollm2", "smollm2.jinja", "LlamaConfig", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+                      eos="<|im_end|>"),
+}
+
+_TEXT = [
+    "The weather in Paris is 21 degrees today.", "Let me look that up for you.", "What is the capital of France?",
+    'get_weather {"city": "Paris", "unit": "celsius"}', "Réserver une table pour deux ce soir à 20h.",
+    "I need to think about this step by step.", "The answer is 42, because six times seven is 42.",
+    "Tools: functions with JSON arguments, results and calls.", "{{ looks like jinja }} but is text",
+]
+
+
+@lru_cache(maxsize=None)
+def tokenizer_dir(name: str, root: Path) -> Path:
+    """A byte-level BPE with the family's special tokens and template, saved as transformers loads it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    fam = FAMILIES[name]
+    out = root / f"tok-{name}"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=list(fam.special),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_TEXT * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=fam.eos, bos_token=fam.bos,
+                                   pad_token=fam.special[0])
+    fast.add_tokens(list(fam.added))
+    fast.chat_template = (TEMPLATES / fam.template).read_text()
+    fast.save_pretrained(out)
+    return out
+
+
+def tiny_model_dir(name: str, root: Path) -> Path:
+    """A random-weight model of the family's architecture, with its tokenizer and template."""
+    import torch
+    import transformers
+
+    fam = FAMILIES[name]
+    out = root / f"model-{name}"
+    if (out / "config.json").exists():
+        return out
+    tok_dir = tokenizer_dir(name, root)
+    tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+    config = getattr(transformers, fam.architecture)(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+        eos_token_id=tok.convert_tokens_to_ids(fam.eos), pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, **fam.config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "artisan.json").write_text(json.dumps({"name": name}))
+    return out
