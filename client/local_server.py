@@ -28,9 +28,10 @@ def free_port() -> int:
 class LocalServer:
     def __init__(self, data_dir: Path, model: Path | str | None = None, api_key: str | None = None,
                  extra: Sequence[str] = (), log: Path | None = None, port: int | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, python: str | None = None):
         self.data_dir, self.model, self.api_key, self.extra = Path(data_dir), model, api_key, list(extra)
         self.env = env or {}
+        self.python = python or sys.executable  # a client-only environment points at the server's own
         self.port = port or free_port()
         self.log_path = log or self.data_dir / f"server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
@@ -41,7 +42,7 @@ class LocalServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 180) -> "LocalServer":
-        cmd = [sys.executable, "-m", "server.cli", "--port", str(self.port), "--data-dir", str(self.data_dir),
+        cmd = [self.python, "-m", "server.cli", "--port", str(self.port), "--data-dir", str(self.data_dir),
                "--log-level", "warning", *self.extra]
         if self.model:
             cmd += ["--model", str(self.model)]

@@ -103,8 +103,9 @@ class JudgeConfig(BaseModel):
     temperature: float | None = None  # None: the provider's default (some reasoning models refuse others)
     max_tokens: int | None = None
     timeout_s: float = Field(default=120.0, gt=0)
-    # Ask for response_format=json_object; switched off for the rest of a call if the endpoint
-    # refuses it with a 400.
+    # Ask for the reply's JSON schema as response_format (ids as an enum, scores in [0, 1]); an
+    # endpoint that constrains decoding (art-server, vLLM) then cannot answer out of shape.
+    # Switched off for the rest of a call if the endpoint refuses it with a 400.
     json_mode: bool = True
     extra: dict[str, Any] = Field(default_factory=dict)  # passed through to the completion call
 
@@ -400,7 +401,17 @@ class _Usage:
             self.cost_usd = (self.cost_usd or 0.0) + cost
 
 
-async def _call_openai(judge: JudgeConfig, messages: list[Message], json_mode: bool) -> tuple[Any, float | None]:
+def reply_format(ids: list[str]) -> dict[str, Any]:
+    """The judge's reply as an OpenAI `json_schema` response_format."""
+    entry = {"type": "object", "additionalProperties": False, "required": ["trajectory_id", "explanation", "score"],
+             "properties": {"trajectory_id": {"type": "string", "enum": ids}, "explanation": {"type": "string", "maxLength": 240},
+                            "score": {"type": "number", "minimum": 0, "maximum": 1}}}
+    schema = {"type": "object", "additionalProperties": False, "required": ["scores"],
+              "properties": {"scores": {"type": "array", "items": entry, "minItems": len(ids), "maxItems": len(ids)}}}
+    return {"type": "json_schema", "json_schema": {"name": "ruler_scores", "schema": schema}}
+
+
+async def _call_openai(judge: JudgeConfig, messages: list[Message], ids: list[str] | None) -> tuple[Any, float | None]:
     from openai import AsyncOpenAI
 
     # A custom endpoint never receives the user's OPENAI_API_KEY by accident.
@@ -410,8 +421,8 @@ async def _call_openai(judge: JudgeConfig, messages: list[Message], json_mode: b
         kwargs["temperature"] = judge.temperature
     if judge.max_tokens is not None:
         kwargs["max_tokens"] = judge.max_tokens
-    if json_mode:
-        kwargs["response_format"] = {"type": "json_object"}
+    if ids is not None:
+        kwargs["response_format"] = reply_format(ids)
     # max_retries=0: tenacity is the only retry layer, so attempts don't multiply.
     async with AsyncOpenAI(base_url=judge.base_url, api_key=api_key, timeout=judge.timeout_s, max_retries=0) as client:
         response = await client.chat.completions.create(model=judge.model, messages=messages, **kwargs)
@@ -430,7 +441,7 @@ def _list_price(model: str, response: Any) -> float | None:
         return None
 
 
-async def _call_litellm(judge: JudgeConfig, messages: list[Message], json_mode: bool) -> tuple[Any, float | None]:
+async def _call_litellm(judge: JudgeConfig, messages: list[Message], ids: list[str] | None) -> tuple[Any, float | None]:
     litellm = import_litellm()
     kwargs: dict[str, Any] = dict(judge.extra)
     if judge.base_url is not None:
@@ -441,8 +452,8 @@ async def _call_litellm(judge: JudgeConfig, messages: list[Message], json_mode: 
         kwargs["temperature"] = judge.temperature
     if judge.max_tokens is not None:
         kwargs["max_tokens"] = judge.max_tokens
-    if json_mode:
-        kwargs["response_format"] = {"type": "json_object"}
+    if ids is not None:
+        kwargs["response_format"] = reply_format(ids)
     response = await litellm.acompletion(
         model=judge.model,
         messages=messages,
@@ -479,7 +490,7 @@ async def _judge(
         usage.attempts += 1
         started = time.perf_counter()
         try:
-            response, cost = await call(judge, prompt.messages + feedback, json_mode)
+            response, cost = await call(judge, prompt.messages + feedback, prompt.ids if json_mode else None)
         except openai.BadRequestError:
             if not json_mode:
                 raise

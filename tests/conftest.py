@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
 from client.local_server import ROOT, LocalServer, free_port  # noqa: F401  (free_port: used by tests)
+
+# ART's client lives in an environment of its own (`make test-art`); the main suite leaves it out.
+collect_ignore = [] if importlib.util.find_spec("art") else ["art_client"]
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # Passive OpenMP waits: tests run torch in-process beside server subprocesses on 2 cores.

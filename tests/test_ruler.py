@@ -206,7 +206,11 @@ def test_correct_reply(judge, judge_server):
     assert "ruler_cost_usd" not in first.metrics  # litellm has no price for "judge"
     assert len(judge_server.requests) == 1
     assert judge_server.requests[0]["model"] == "judge"
-    assert judge_server.requests[0]["response_format"] == {"type": "json_object"}
+    fmt = judge_server.requests[0]["response_format"]
+    assert fmt["type"] == "json_schema"
+    entry = fmt["json_schema"]["schema"]["properties"]["scores"]["items"]["properties"]
+    assert entry["trajectory_id"]["enum"] == ["t1", "t2", "t3"]
+    assert (entry["score"]["minimum"], entry["score"]["maximum"]) == (0, 1)
     assert group.model_dump_json() == before  # input untouched
     prompt = judge_server.prompt()
     for tid in ("t1", "t2", "t3"):

@@ -1,0 +1,139 @@
+"""Code written for OpenPipe ART, trained by art-server: change the backend, keep the rest.
+
+    import art
+    from client.art_compat import ArtisanBackend
+
+    backend = ArtisanBackend("http://gpu-box:8000", api_key="...")
+    model = art.TrainableModel(name="agent-1", project="demo", base_model="Qwen/Qwen2.5-7B-Instruct")
+    await model.register(backend)
+    ...  # ART's own rollouts, gather_trajectory_groups, RULER
+    result = await backend.train(model, groups)          # ART's keywords, ART's meanings
+
+Implements `art.Backend` of openpipe-art 0.5.x (`pip install 'artisan[art]'`). `train` takes ART's
+keyword arguments and gives them ART's meaning: its loss names and their epsilon defaults (cispo:
+1.0 / 4.0, ppo: 0.2), `normalize_advantages` and `scale_rewards`. An argument whose meaning
+art-server cannot reproduce raises with its name when given a non-default value; never ignored.
+An omitted learning rate gets the server's default for the model, not ART's 5e-6.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, AsyncIterator, Iterable
+
+import art
+
+from client.model import ServerError, TrainableModel
+from protocol.config import SFTConfig, TrainConfig
+from protocol.trajectory import Conversation, TrajectoryGroup
+
+# ART's losses, with the clip bounds ART gives each when `epsilon` / `epsilon_high` are not set.
+LOSSES = {"cispo": ("cispo", 1.0, 4.0), "ppo": ("ppo", 0.2, None)}
+# Execution knobs of ART's own trainer: how it computes, not what it computes.
+EXECUTION = {"verbose", "plot_tensors", "logprob_calculation_chunk_size", "packed_sequence_length",
+             "precalculate_logprobs", "allow_training_without_logprobs", "save_checkpoint", "optimizer_save_interval"}
+# What art-server cannot reproduce, with ART's default: accepted at that value only. ART's
+# kl_penalty_coef reshapes advantages; art-server's KL is a loss term (TrainConfig.kl_coef).
+UNSUPPORTED = {"loss_fn_config": None, "adam_params": None, "kl_penalty_reference_step": None,
+               "kl_ref_adapter_path": None, "advantage_balance": 0.0, "importance_sampling_level": "token",
+               "max_negative_advantage_importance_sampling_weight": None, "mask_prob_ratio": False,
+               "kimi_k2_tau": None, "truncated_importance_sampling": None,
+               "scale_learning_rate_by_reward_std_dev": False, "num_trajectories_learning_rate_multiplier_power": 0.0,
+               "grad_accumulation_sequences": None, "kl_penalty_source": "current_learner",
+               "kl_penalty_step_lag": None, "final_training_step": None, "kl_penalty_coef": 0.0}
+
+
+class UnsupportedArgument(ValueError):
+    pass
+
+
+def train_config(learning_rate: float | None = None, loss_fn: str | None = None, ppo: bool | None = None,
+                 epsilon: float | None = None, epsilon_high: float | None = None, normalize_advantages: bool = True,
+                 scale_rewards: bool = True, **rest: Any) -> TrainConfig:
+    """ART's `backend.train` keywords as art-server's TrainConfig."""
+    for name, value in rest.items():
+        if name in EXECUTION:
+            continue
+        if name not in UNSUPPORTED:
+            raise UnsupportedArgument(f"{name}: not an argument of ART's backend.train that art-server knows")
+        if value != UNSUPPORTED[name]:
+            raise UnsupportedArgument(f"{name}={value!r}: art-server cannot train that way; leave it at "
+                                      f"{UNSUPPORTED[name]!r}")
+    name = loss_fn or ("ppo" if ppo else "cispo")
+    if name not in LOSSES:
+        raise UnsupportedArgument(f"loss_fn={name!r}: art-server trains with {' or '.join(LOSSES)}")
+    loss, eps_default, high_default = LOSSES[name]
+    low = eps_default if epsilon is None else epsilon
+    high = epsilon_high if epsilon_high is not None else (high_default if high_default is not None else low)
+    return TrainConfig(learning_rate=learning_rate, loss=loss, epsilon_low=low, epsilon_high=high,
+                       scale_rewards=normalize_advantages and scale_rewards)
+
+
+def _groups(groups: Iterable[Any]) -> list[TrajectoryGroup]:
+    out = []
+    for g in groups:
+        dumped = g.model_dump(mode="json")
+        dumped["exceptions"] = [e if isinstance(e, str) else f"{e.get('type')}: {e.get('message')}"
+                                for e in dumped.get("exceptions") or []]
+        out.append(TrajectoryGroup.model_validate(dumped))
+    return out
+
+
+class ArtisanBackend(art.Backend):
+    def __init__(self, base_url: str, api_key: str | None = None):
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.api_key = api_key
+        self._runs: dict[str, TrainableModel] = {}
+
+    def _run(self, model: Any) -> TrainableModel:
+        if model.name not in self._runs:
+            raise RuntimeError(f"model {model.name!r} is not registered with this backend")
+        return self._runs[model.name]
+
+    async def register(self, model: Any) -> None:
+        run = TrainableModel(model.name, project=model.project, base_model=getattr(model, "base_model", None))
+        self._runs[model.name] = await run.register(self.base_url, self.api_key)
+
+    async def _prepare_backend_for_training(self, model: Any, config: Any = None) -> tuple[str, str]:
+        return self.base_url + "/v1", self.api_key or "EMPTY"
+
+    def _model_inference_name(self, model: Any, step: int | None = None) -> str:
+        return model.name if step is None else f"{model.name}@{step}"
+
+    async def _get_step(self, model: Any) -> int:
+        return await self._run(model).get_step()
+
+    async def train(self, model: Any, trajectory_groups: Iterable[Any], **kwargs: Any) -> art.TrainResult:
+        """One RL step. A step with nothing to train raises with its warnings: ART loops that wait
+        for the step to advance would otherwise wait for ever."""
+        run = self._run(model)
+        result = await run.train(_groups(trajectory_groups), train_config(**kwargs))
+        if not result.trained:
+            raise ServerError(f"nothing was trained at step {result.step}: " + " ".join(result.warnings))
+        return art.TrainResult(step=result.step, metrics=_numbers(result.metrics.model_dump()))
+
+    async def _train_sft(self, model: Any, trajectories: Iterable[Any], config: Any, dev_config: Any,
+                         verbose: bool = False) -> AsyncIterator[dict[str, float]]:
+        lr = getattr(config, "learning_rate", None)
+        if isinstance(lr, list):
+            raise UnsupportedArgument("learning_rate: a schedule (a list) is not supported; give one number")
+        batch = getattr(config, "batch_size", "auto")
+        cfg = SFTConfig(learning_rate=lr, **({} if batch == "auto" else {"batch_size": batch}))
+        convs = [Conversation(messages=t.messages(), tools=t.tools) for t in trajectories]
+        result = await self._run(model).train_sft(convs, cfg)
+        yield _numbers(result.metrics.model_dump())
+
+    async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
+        run = self._run(model)
+        step = await run.get_step()
+        for c in await run.list_checkpoints():
+            if c["step"] not in steps_to_keep and c["step"] != step:
+                await run.request("DELETE", f"/v1/runs/{run.name}/checkpoints/{c['step']}")
+
+    async def close(self) -> None:
+        self._runs.clear()
+
+
+def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
