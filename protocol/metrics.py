@@ -53,4 +53,7 @@ class StepMetrics(BaseModel):
     lora_update_norm: float | None = None
     learning_rate: float | None = None
     step_seconds: float | None = None
+    # Loading the new adapter into the engine once the checkpoint is written (the job's result only:
+    # the checkpoint is written before it is known).
+    publish_seconds: float | None = None
     tokens_per_second: float | None = None

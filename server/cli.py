@@ -34,11 +34,17 @@ def serve(
     api_key: str = typer.Option(None, envvar="ARTISAN_API_KEY", help="Bearer key required on every route but /health."),
     data_dir: Path = typer.Option(Path("artisan-data"), help="Where runs, checkpoints and logs live."),
     cache_dir: Path = typer.Option(DEFAULT_CACHE, help="Where dequantised GGUF models are kept."),
-    engine: str = typer.Option("torch", help="torch (default; CPU or CUDA) or vllm (a vLLM server process)."),
+    engine: str = typer.Option("torch", help="torch (default; CPU or CUDA) or vllm (a vLLM server process beside "
+                                             "art-server; see server/engine/vllm.py)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda"),
     dtype: str = typer.Option("auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or float16"),
     gradient_checkpointing: bool = typer.Option(False, help="Recompute activations in the backward pass: less "
                                                             "memory for long sequences, about a third more time."),
+    vllm_python: str = typer.Option(None, help="--engine vllm: the Python with vllm installed (default: this one)."),
+    vllm_gpu_memory_utilization: float = typer.Option(0.45, min=0.05, max=0.95, help="--engine vllm: its share of "
+                                                      "the GPU's memory; the trainer needs the rest."),
+    vllm_max_lora_rank: int = typer.Option(64, help="--engine vllm: the largest LoRA rank a run may use."),
+    vllm_max_loras: int = typer.Option(8, min=1, help="--engine vllm: adapters decoded in one batch."),
     max_batch: int = typer.Option(64, help="Sequences decoded together."),
     max_waiting: int = typer.Option(512, help="Sequences queued before requests get 503."),
     max_request_bytes: int = typer.Option(64 * 1024 * 1024, help="Larger request bodies get 413."),
@@ -66,7 +72,9 @@ def serve(
                         chat_template_kwargs=template_kwargs, tool_call_parser=tool_call_parser,
                         reasoning_parser=reasoning_parser, host=host, port=port, api_key=api_key or None,
                         data_dir=data_dir, cache_dir=cache_dir, engine=engine, device=device, dtype=dtype,
-                        gradient_checkpointing=gradient_checkpointing, max_batch=max_batch, max_waiting=max_waiting,
+                        gradient_checkpointing=gradient_checkpointing, vllm_python=vllm_python,
+                        vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, vllm_max_lora_rank=vllm_max_lora_rank,
+                        vllm_max_loras=vllm_max_loras, max_batch=max_batch, max_waiting=max_waiting,
                         max_request_bytes=max_request_bytes, job_time_limit=job_time_limit,
                         keep_trajectory_steps=keep_trajectory_steps, export=export, export_timeout=export_timeout,
                         export_queue=export_queue)

@@ -31,6 +31,12 @@ class Settings(BaseModel):
     device: str = "auto"
     dtype: str = "auto"
     gradient_checkpointing: bool = False
+    # --engine vllm: the vLLM server process art-server starts beside itself (server/engine/vllm.py)
+    vllm_python: str | None = None  # the Python that has vllm installed (default: art-server's own)
+    vllm_gpu_memory_utilization: float = 0.45  # vLLM's share of the GPU; the trainer uses the rest
+    vllm_max_lora_rank: int = 64
+    vllm_max_loras: int = 8  # adapters decoded in one batch; more stay cached and swap in
+    vllm_start_timeout: float = 900.0
     max_batch: int = 64
     max_waiting: int = 512
     max_request_bytes: int = 64 * 1024 * 1024

@@ -11,7 +11,9 @@ import pytest
 from client.local_server import ROOT, LocalServer, free_port  # noqa: F401  (free_port: used by tests)
 
 # ART's client lives in an environment of its own (`make test-art`); the main suite leaves it out.
-collect_ignore = [] if importlib.util.find_spec("art") else ["art_client"]
+# vLLM runs from an environment of its own too (`make test-vllm` names its Python).
+collect_ignore = ([] if importlib.util.find_spec("art") else ["art_client"]) + \
+    ([] if os.environ.get("ARTISAN_VLLM_PYTHON") else ["vllm_engine"])
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # Passive OpenMP waits: tests run torch in-process beside server subprocesses on 2 cores.

@@ -26,7 +26,7 @@ from server.api.streaming import Completion, stream_chunks
 from server.chat.render import RenderedPrompt
 from server.chat.template import TemplateError
 from server.chat.validate import RenderError, validate_messages
-from server.engine.base import EngineFull, GenRequest
+from server.engine.base import EngineFull, GenRequest, Unsupported
 from server.engine.constraints import ConstraintError, constraint_for
 from server.engine.sampling import SamplingParams
 
@@ -73,9 +73,14 @@ def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len
                                     body.parallel_tool_calls)
     except ConstraintError as e:
         raise APIError(400, str(e), param=e.param, code="unsupported_constraint")
-    return SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens, stop=body.stop,
-                          seed=body.seed, top_logprobs=body.top_logprobs or 0, ignore_eos=body.ignore_eos,
-                          constraint=constraint)
+    params = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens, stop=body.stop,
+                            seed=body.seed, top_logprobs=body.top_logprobs or 0, ignore_eos=body.ignore_eos,
+                            constraint=constraint)
+    try:
+        state.engine.check(params)
+    except Unsupported as e:
+        raise APIError(400, str(e), param=e.param, code="unsupported_by_engine")
+    return params
 
 
 @router.post("/v1/chat/completions")

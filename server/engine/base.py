@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Collection, Protocol
 
 from server.engine.sampling import SamplingParams
 from server.serving import Policy
@@ -21,6 +21,14 @@ class EngineFull(Exception):
 
 class EngineError(Exception):
     """Sampling failed for one request (the server keeps serving the others)."""
+
+
+class Unsupported(ValueError):
+    """A request this engine cannot sample under the token-exact contract (a 400 naming `param`)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -55,10 +63,42 @@ class GenRequest:
     id: int = field(default_factory=itertools.count().__next__)
 
 
+def record_token(seq: Sequence, token: int, logprob: float, top: list[tuple[int, float]] | None,
+                 stop_ids: Collection[int], text_of: Callable[[list[int]], str]) -> None:
+    """Append one sampled token to `seq` and decide whether it is done: a stop token (unless
+    ignore_eos), a stop string in the decoded text, or max_tokens. Both engines end sequences
+    here, so a choice ends the same way whichever engine sampled it."""
+    p = seq.request.params
+    seq.token_ids.append(token)  # ids first: a streaming reader sends only tokens whose lists are complete
+    seq.logprobs.append(logprob)
+    if p.top_logprobs and top is not None:
+        seq.top_logprobs.append(top[: p.top_logprobs])
+    if token in stop_ids and not p.ignore_eos:
+        seq.finish_reason = "stop"
+    elif p.stop and _hit_stop(seq, text_of):
+        seq.finish_reason = "stop"
+    elif len(seq.token_ids) >= p.max_tokens:
+        seq.finish_reason = "length"
+
+
+def _hit_stop(seq: Sequence, text_of: Callable[[list[int]], str]) -> bool:
+    text = text_of(seq.token_ids)  # the text stop_text_end indexes
+    hits = [text.find(stop) for stop in seq.request.params.stop if stop and stop in text]
+    if hits:
+        seq.stop_text_end = min(hits)
+        return True
+    return False
+
+
 class Engine(Protocol):
+    max_lora_rank: int | None  # the largest LoRA rank it can serve (None: any)
+
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
+
+    def check(self, params: SamplingParams) -> None:
+        """Raise Unsupported for sampling settings this engine cannot honour token-exactly."""
 
     def submit(self, request: GenRequest) -> None:
         """Queue a request; raises EngineFull when the queue is at its limit."""

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from server.engine.base import EngineError, EngineFull, GenRequest, Sequence
+from server.engine.base import EngineError, EngineFull, GenRequest, Sequence, record_token
 from server.engine.constraints import ConstraintState
 from server.engine.kv_cache import BatchKV
 from server.engine.sampling import sample
@@ -26,6 +26,8 @@ log = logging.getLogger("artisan.engine")
 
 
 class TorchEngine:
+    max_lora_rank = None
+
     def __init__(self, host: ModelHost, max_batch: int = 64, max_waiting: int = 512):
         self.host = host
         self.max_batch = max_batch
@@ -62,6 +64,9 @@ class TorchEngine:
                              for i in range(req.n)]
             self._waiting.extend(req.sequences)
             self._cv.notify_all()
+
+    def check(self, params: Any) -> None:
+        pass  # logprobs are taken before top-p and grammar masks here, so every setting is exact
 
     def load_adapter(self, name: str, lora_config: Any, state: dict[str, Any]) -> None:
         with self.host.lock:
@@ -189,29 +194,11 @@ class TorchEngine:
         return torch.stack([s.constraint.allowed(vocab) if s.constraint else every for s in rows]).to(self.host.device)
 
     def _record(self, s: Sequence, token: int, logprob: float, top: tuple[list, list] | None) -> None:
-        p = s.request.params
         if s.constraint is not None:
             s.constraint.advance(token)
-        s.token_ids.append(token)
-        s.logprobs.append(logprob)
-        if p.top_logprobs and top is not None:
-            s.top_logprobs.append(list(zip(top[0][: p.top_logprobs], top[1][: p.top_logprobs])))
-        if token in self.host.chat.stop_ids and not p.ignore_eos:
-            s.finish_reason = "stop"
-        elif p.stop and self._hit_stop(s):
-            s.finish_reason = "stop"
-        elif len(s.token_ids) >= p.max_tokens:
-            s.finish_reason = "length"
+        record_token(s, token, logprob, list(zip(*top)) if top else None, self.host.chat.stop_ids, self.text_of)
         if s.request.stream:
             s.request.emit("token", s)
-
-    def _hit_stop(self, s: Sequence) -> bool:
-        text = self.text_of(s.token_ids)  # the text stop_text_end indexes
-        hits = [text.find(stop) for stop in s.request.params.stop if stop and stop in text]
-        if hits:
-            s.stop_text_end = min(hits)
-            return True
-        return False
 
     def _drop_cancelled(self) -> None:
         for s in self._rows:

@@ -66,7 +66,9 @@ class Run:
         self.step += 1
         self.manager.save_checkpoint(self, {"kind": kind, "metrics": metrics.model_dump(mode="json"),
                                             "warnings": warnings, "created": time.time(), **meta})
+        started = time.perf_counter()
         self.manager.publish(self)
+        metrics.publish_seconds = time.perf_counter() - started
 
     def restore(self) -> None:
         """Back to the latest checkpoint's weights and optimizer state (a step that failed midway)."""
@@ -121,6 +123,10 @@ class RunManager:
         if unknown:
             raise ValueError(f"lora.target_modules: {', '.join(unknown)} are not linear layers of this model "
                              f"(it has {', '.join(self.host.lora_targets)})")
+        limit = self.engine.max_lora_rank
+        if limit is not None and spec.lora.rank > limit:
+            raise ValueError(f"lora.rank: {spec.lora.rank} is more than this server's engine serves ({limit}; "
+                             f"art-server --vllm-max-lora-rank)")
         return LoraConfig(r=spec.lora.rank, lora_alpha=spec.lora.alpha, target_modules=targets,
                           lora_dropout=0.0, bias="none")
 
