@@ -80,7 +80,7 @@ def _model(model: str | None, work: Path) -> tuple[Path, str]:
     """A model directory and a name for it in the output."""
     from safetensors.torch import load_file
 
-    from server.embedded.build import build_model
+    from examples.demo.pretrain import build_model
     from server.model_source import resolve
     from server.settings import DEFAULT_CACHE
 

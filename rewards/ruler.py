@@ -411,11 +411,8 @@ def reply_format(ids: list[str]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "ruler_scores", "schema": schema}}
 
 
-async def _call_openai(judge: JudgeConfig, messages: list[Message], ids: list[str] | None) -> tuple[Any, float | None]:
-    from openai import AsyncOpenAI
-
-    # A custom endpoint never receives the user's OPENAI_API_KEY by accident.
-    api_key = judge.api_key or (None if judge.base_url is None else "EMPTY")
+def _request_options(judge: JudgeConfig, ids: list[str] | None) -> dict[str, Any]:
+    """What a judge call sends besides model and messages, whichever client sends it."""
     kwargs: dict[str, Any] = dict(judge.extra)
     if judge.temperature is not None:
         kwargs["temperature"] = judge.temperature
@@ -423,6 +420,15 @@ async def _call_openai(judge: JudgeConfig, messages: list[Message], ids: list[st
         kwargs["max_tokens"] = judge.max_tokens
     if ids is not None:
         kwargs["response_format"] = reply_format(ids)
+    return kwargs
+
+
+async def _call_openai(judge: JudgeConfig, messages: list[Message], ids: list[str] | None) -> tuple[Any, float | None]:
+    from openai import AsyncOpenAI
+
+    # A custom endpoint never receives the user's OPENAI_API_KEY by accident.
+    api_key = judge.api_key or (None if judge.base_url is None else "EMPTY")
+    kwargs = _request_options(judge, ids)
     # max_retries=0: tenacity is the only retry layer, so attempts don't multiply.
     async with AsyncOpenAI(base_url=judge.base_url, api_key=api_key, timeout=judge.timeout_s, max_retries=0) as client:
         response = await client.chat.completions.create(model=judge.model, messages=messages, **kwargs)
@@ -443,17 +449,11 @@ def _list_price(model: str, response: Any) -> float | None:
 
 async def _call_litellm(judge: JudgeConfig, messages: list[Message], ids: list[str] | None) -> tuple[Any, float | None]:
     litellm = import_litellm()
-    kwargs: dict[str, Any] = dict(judge.extra)
+    kwargs = _request_options(judge, ids)
     if judge.base_url is not None:
         kwargs["api_base"] = judge.base_url
     if judge.api_key is not None:
         kwargs["api_key"] = judge.api_key
-    if judge.temperature is not None:
-        kwargs["temperature"] = judge.temperature
-    if judge.max_tokens is not None:
-        kwargs["max_tokens"] = judge.max_tokens
-    if ids is not None:
-        kwargs["response_format"] = reply_format(ids)
     response = await litellm.acompletion(
         model=judge.model,
         messages=messages,

@@ -117,6 +117,27 @@ def test_a_sampled_turn_is_spliced_by_id(family, workdir):
     assert rendered.ids[: len(prompt) + len(sampled)] == prompt + list(sampled)
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_sampled_tool_call_followed_by_its_result_renders(family, workdir):
+    """A template may refuse the probe that locates a turn (gpt-oss wants a tool result to follow
+    a message with tool calls): the prompt is then the template's own text, the turn counted as
+    rewritten, never an error."""
+    chat = _format(family, workdir)
+    calls = [call("abcdefgh1", "get_weather", {"city": "Paris"})]
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "abcdefgh1", "content": "21C"}]
+    try:
+        chat.renderer.render(messages, [WEATHER])
+    except TemplateError as e:
+        pytest.skip(f"{family}'s template refuses this conversation: {e}")
+    sampled = tuple(chat.renderer.encode("get_weather Paris"))
+    rendered = chat.renderer.render(messages, [WEATHER], lookup=lambda m: [SampledTurn(sampled)]
+                                    if m.get("tool_calls") else [])
+    assert rendered.spliced_turns + rendered.rewritten_turns == 1
+    assert "21C" in chat.template.tokenizer.decode(rendered.ids)
+
+
 def test_qwen3_drops_earlier_reasoning_and_the_prompt_follows(workdir):
     """Qwen3's template shows the reasoning of turns after the last user message only. A sampled
     turn with reasoning keeps its ids inside a tool loop, and is rewritten as the template says

@@ -5,7 +5,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from server.embedded.template import CHAT_TEMPLATE
-from server.embedded.build import build_tokenizer, corpus
+from examples.demo.pretrain import build_tokenizer, corpus
 from server.settings import DEFAULT_MODEL_DIR
 
 

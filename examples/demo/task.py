@@ -33,7 +33,7 @@ TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "get_price", "description": "Price of an item in dollars.",
      "parameters": {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}}},
 ]
-# Phrased like the base model's pretraining chats (server/embedded/corpus.py), so the warm start
+# Phrased like the base model's pretraining chats (examples/demo/corpus.py), so the warm start
 # only has to teach this tool.
 QUESTIONS = ["What is the price of {item}?", "Tell me the price for {item}.", "price of {item}?",
              "I need the price of {item}, please.", "Can you check the price of {item}?"]

@@ -4,7 +4,7 @@ often answers without looking the price up, so RL has something to fix.
     python -m examples.demo.warmstart [--out server/embedded/model]
 
 1. Build the base model from nothing: tokenizer, seeded random weights, a short pretraining on
-   generic synthetic tool-use chats (server/embedded/build.py).
+   generic synthetic tool-use chats (examples/demo/pretrain.py).
 2. Start art-server on it and warm-start a LoRA through the server's own SFT job, on synthetic
    demonstrations where a fixed share skip the lookup and state a made-up price.
 3. Merge the LoRA into the base weights and save the result.
@@ -52,7 +52,7 @@ async def _sft(url: str, convs: list[Conversation], epochs: int, lr: float, rank
 def main(out: Path = typer.Option(SHIPPED), base: Path = typer.Option(None, help="A built base model to reuse."),
          pretrain_steps: int = 500, n: int = 6000, epochs: int = 2, lr: float = 2e-3, rank: int = 16,
          mistake_rate: float = 0.7, seed: int = 0) -> None:
-    from server.embedded.build import build_model
+    from examples.demo.pretrain import build_model
 
     work = Path(tempfile.mkdtemp(prefix="warmstart-"))
     if base is None:

@@ -81,21 +81,21 @@ async def submit_job(run: RunDep, state: State, job: JobRequest) -> dict[str, An
             "after": submitted.attempt_from - 1}
 
 
-@router.get("/v1/jobs/{job_id}")
-async def get_job(job_id: JobId, state: State) -> dict[str, Any]:
-    job = state.jobs.get(job_id)
+def _found(job: dict[str, Any] | None, job_id: str) -> dict[str, Any]:
     if job is None:
         raise APIError(404, f"job {job_id!r} does not exist", code="job_not_found")
     return job
+
+
+@router.get("/v1/jobs/{job_id}")
+async def get_job(job_id: JobId, state: State) -> dict[str, Any]:
+    return _found(state.jobs.get(job_id), job_id)
 
 
 @router.delete("/v1/jobs/{job_id}")
 async def cancel_job(job_id: JobId, state: State) -> dict[str, Any]:
     """Cancel a queued or running job: a step it has not committed never lands."""
-    job = state.jobs.cancel(job_id)
-    if job is None:
-        raise APIError(404, f"job {job_id!r} does not exist", code="job_not_found")
-    return job
+    return _found(state.jobs.cancel(job_id), job_id)
 
 
 @router.get("/v1/jobs/{job_id}/events")

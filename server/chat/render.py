@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from server.chat.template import SENTINEL, ChatTemplate
+from server.chat.template import SENTINEL, ChatTemplate, TemplateError
 from server.chat.turns import SampledTurn
 
 # The samplings an assistant message may be (newest first); empty for a turn this server never sampled.
@@ -105,7 +105,10 @@ class Renderer:
         probe = list(messages)
         for k, s in enumerate(splices):
             probe[s.index] = {"role": "assistant", "content": SENTINEL.format(k + 1)}
-        marked = self.text(probe, tools, add_generation_prompt, kwargs)
+        try:
+            marked = self.text(probe, tools, add_generation_prompt, kwargs)
+        except TemplateError:  # the template refuses a turn without its tool calls (gpt-oss)
+            return None
         pieces, rest, gap = [], marked, self.template.format.gap
         for k in range(len(splices)):
             before, found, rest = rest.partition(SENTINEL.format(k + 1))

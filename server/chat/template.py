@@ -20,9 +20,10 @@ class TemplateError(ValueError):
     """The template refused the conversation (its own raise_exception) or failed to render it."""
 
 
-def _arguments_for_template(arguments: Any) -> Any:
-    # OpenAI clients send arguments as a JSON string; templates expect a mapping (Llama's and
-    # Mistral's apply `tojson` to it). A string that is not a JSON object stays a string.
+def json_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as a mapping. OpenAI clients send them as a JSON string; templates
+    expect a mapping (Llama's and Mistral's apply `tojson` to it). A string that is not a JSON
+    object stays a string."""
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)
@@ -48,7 +49,7 @@ def template_message(message: dict[str, Any]) -> dict[str, Any]:
     if message.get("tool_calls"):
         out["tool_calls"] = [
             {**call, "function": {**call["function"],
-                                  "arguments": _arguments_for_template(call["function"].get("arguments", {}))}}
+                                  "arguments": json_arguments(call["function"].get("arguments", {}))}}
             for call in message["tool_calls"]]
     return out
 

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from server.chat.template import content_text
+from server.chat.template import content_text, json_arguments
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,8 @@ class SampledTurn:
 
 
 def _canonical_arguments(arguments: Any) -> str:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments
-    return json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+    arguments = json_arguments(arguments)
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, sort_keys=True)
 
 
 def turn_key(message: dict[str, Any]) -> str:

@@ -1,8 +1,8 @@
 """Build the embedded base model from nothing: a byte-level BPE tokenizer trained offline on
 synthetic chat text, a small Qwen2-architecture model with seeded random weights, and a short
-full-parameter pretraining on synthetic tool-use conversations (server/embedded/corpus.py).
+full-parameter pretraining on synthetic tool-use conversations (examples/demo/corpus.py).
 
-    python -m server.embedded.build --out DIR [--pretrain-steps N]
+    python -m examples.demo.pretrain --out DIR [--pretrain-steps N]
 
 Deterministic: the same code gives the same files. The shipped model is this base warm-started
 on the demo task by examples/demo/warmstart.py. Tests and benchmarks build their own models
@@ -36,7 +36,7 @@ _FILLER = (
 def corpus(n_conversations: int = 3000, seed: int = 0) -> list[str]:
     """Synthetic chat transcripts in the model's own format: tool traffic in JSON, numbers and
     plain English filler, so common pieces become single tokens."""
-    from server.embedded.corpus import conversation
+    from examples.demo.corpus import conversation
 
     rng = random.Random(seed)
     texts: list[str] = []
@@ -94,7 +94,7 @@ def pretrain(model, tokenizer, steps: int, batch_size: int = 16, lr: float = 2e-
     import torch
 
     from server.chat.format import ChatFormat
-    from server.embedded.corpus import conversation
+    from examples.demo.corpus import conversation
 
     renderer = ChatFormat.build(tokenizer).renderer
     rng = random.Random(seed + 1)
@@ -157,7 +157,7 @@ def build_model(out: Path, hidden: int = 256, layers: int = 4, heads: int = 4, k
     if pretrain_steps:
         pretrain(model, tokenizer, pretrain_steps, seed=seed)
     model.save_pretrained(out)
-    (out / "artisan.json").write_text(json.dumps({"name": "artisan-tiny", "built_by": "server.embedded.build"}))
+    (out / "artisan.json").write_text(json.dumps({"name": "artisan-tiny", "built_by": "examples.demo.pretrain"}))
     return out
 
 
