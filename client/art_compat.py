@@ -91,6 +91,8 @@ class ArtisanBackend(art.Backend):
         return self._runs[model.name]
 
     async def register(self, model: Any) -> None:
+        if not getattr(model, "trainable", False):  # a judge or baseline: served elsewhere, nothing to make here
+            return
         run = TrainableModel(model.name, project=model.project, base_model=getattr(model, "base_model", None))
         self._runs[model.name] = await run.register(self.base_url, self.api_key)
 

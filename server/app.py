@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from server import export
 from server.api import errors, export_routes, limits, openai_routes, training_routes, ui_routes
@@ -80,8 +81,10 @@ def create_app(settings: Settings) -> FastAPI:
     limits.install(app, settings)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": state.host.name, **state.engine.load}
+    async def health() -> JSONResponse:
+        alive = state.engine.alive  # a 503 tells a load balancer or supervisor to act
+        return JSONResponse({"status": "ok" if alive else "engine_down", "model": state.host.name, **state.engine.load},
+                            status_code=200 if alive else 503)
 
     app.include_router(openai_routes.router)
     app.include_router(training_routes.router)

@@ -38,12 +38,26 @@ def resolve(model: str | Path, cache_dir: Path) -> Path:
     raise ModelSourceError(f"--model {model}: no such file or directory, and not a Hugging Face hub id (owner/name)")
 
 
+def hub_patterns(files: list[str]) -> list[str]:
+    """What to download of a hub repo's files: config, tokenizer, template, and one copy of the
+    weights (safetensors where the repo has them, else PyTorch .bin), never the duplicates some
+    repos ship for other runtimes (Mistral's consolidated.safetensors, Llama's original/). With no
+    listing (offline, answered from the local cache), the safetensors there."""
+    weights = [f for f in files if f.endswith(".safetensors") and "/" not in f and not f.startswith("consolidated")]
+    if not weights:
+        weights = [f for f in files if f.startswith("pytorch_model") and f.endswith(".bin")] or ["*.safetensors"]
+    return ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken", *weights]
+
+
 def from_hub(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import list_repo_files, snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.model",
-                                                               "*.txt", "*.tiktoken"]))
+        files = list_repo_files(repo_id)
+    except Exception:  # offline: snapshot_download may still find it in the local cache
+        files = []
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=hub_patterns(files)))
     except Exception as e:  # offline, unknown repo, gated: all end the same way for the user
         raise ModelSourceError(f"--model {repo_id}: could not download it from the Hugging Face hub "
                                f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); download it elsewhere and "
@@ -80,10 +94,13 @@ def from_gguf(path: Path, cache_dir: Path) -> Path:
     model.config.quantization_config = None
     del model.config.quantization_config
     model.hf_quantizer, model.is_quantized = None, False
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
     try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
         os.replace(tmp, target)
-    except OSError:  # another server dequantised the same file first
-        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:  # another server dequantised the same file first, or the disk is full
+        if not (target / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a GB-sized half-written copy never stays behind
     return target

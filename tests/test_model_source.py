@@ -16,6 +16,7 @@ from client import SFTConfig, TrainableModel
 from client.local_server import ROOT
 from conftest import ServerProcess
 from server.model_host import ModelHost, pick_dtype
+from server.model_source import hub_patterns
 from tests.families import FAMILIES, tiny_model_dir
 
 LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
@@ -25,6 +26,19 @@ def _serve(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the hub is out of reach, as on this machine and many GPU nodes
     return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=env)
+
+
+@pytest.mark.parametrize("files, weights", [
+    (["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+      "consolidated.safetensors", "original/consolidated.00.pth", "pytorch_model.bin"],
+     ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]),
+    (["config.json", "pytorch_model.bin", "tokenizer.json"], ["pytorch_model.bin"]),  # no safetensors published
+    ([], ["*.safetensors"]),  # no listing: offline, what the cache has
+])
+def test_one_copy_of_the_weights_is_downloaded(files, weights):
+    patterns = hub_patterns(files)
+    assert [p for p in patterns if p.endswith((".safetensors", ".bin"))] == weights
+    assert {"*.json", "*.jinja", "*.model"} <= set(patterns)
 
 
 def test_a_hub_id_that_cannot_be_downloaded_is_one_clear_line(tmp_path):

@@ -83,6 +83,13 @@ def test_pythonic_calls():
     assert positional.malformed
 
 
+@pytest.mark.parametrize("text", ['[f(tags={"a", "b"})]', '[f(x={[1]: 2})]', '[f(x={(1, 2): 3})]', "[f(x=1)\x00]",
+                                  "[f(x=" + "[" * 5000 + "]" * 5000 + ")]"])
+def test_pythonic_arguments_that_are_not_json_are_malformed_not_errors(text):
+    out = PythonicParser().parse(text)
+    assert out.malformed and out.content == text and out.tool_calls == []
+
+
 # ---- harmony (gpt-oss) --------------------------------------------------------------------------
 
 def test_harmony_channels_reasoning_answer_and_calls():
@@ -95,6 +102,15 @@ def test_harmony_channels_reasoning_answer_and_calls():
     assert final.content == "It is 21C." and final.reasoning == "Easy." and not final.tool_calls
     bad = HarmonyParser().parse("<|channel|>commentary to=functions.f<|message|>{oops<|call|>")
     assert bad.malformed
+
+
+@pytest.mark.parametrize("text", [
+    ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>',
+    '<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant to=functions.get_weather'
+    '<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'])
+def test_harmony_recipient_in_the_role_header(text):
+    out = HarmonyParser().parse(text)
+    assert calls(out) == [("get_weather", {"city": "Paris"})] and not out.malformed and out.content is None
 
 
 # ---- reasoning ------------------------------------------------------------------------------------

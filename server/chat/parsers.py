@@ -54,7 +54,11 @@ def _call(name: Any, arguments: Any, new_id=openai_call_id) -> ParsedCall | None
             return None
     if not isinstance(name, str) or not name or not isinstance(arguments, dict):
         return None
-    return ParsedCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False), id=new_id())
+    try:
+        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):  # not JSON (a Python set, a tuple key, NaN): the call is malformed
+        return None
+    return ParsedCall(name=name, arguments=text, id=new_id())
 
 
 class ToolParser:
@@ -196,7 +200,7 @@ class PythonicParser(ToolParser):
             return ParsedOutput(content=text)
         try:
             tree = ast.parse(body, mode="eval").body
-        except SyntaxError:
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # a NUL byte, or nesting past the parser
             return ParsedOutput(content=text, malformed=True)
         if not isinstance(tree, ast.List) or not tree.elts:
             return ParsedOutput(content=text)
@@ -211,7 +215,7 @@ class PythonicParser(ToolParser):
             return None
         try:
             args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-        except ValueError:
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):  # not a literal, {[1]: 2}, ...
             return None
         return _call(node.func.id, args)
 
@@ -242,7 +246,9 @@ class HarmonyParser(ToolParser):
     name = "openai"
     markers = ("<|channel|>",)
     tags = ("<|channel|>", "<|start|>", "<|message|>", "<|end|>", "<|call|>", "<|constrain|>")
-    _message = re.compile(r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)([^<]*?)(?:<\|constrain\|>\w+)?"
+    # The recipient (`to=functions.NAME`) may stand in the role header, before the channel, as well
+    # as after it; the role header's `<|start|>assistant` is in the prompt for the first message.
+    _message = re.compile(r"(?:<\|start\|>assistant)?([^<]*)<\|channel\|>(\w+)([^<]*?)(?:<\|constrain\|>\w+)?"
                           r"<\|message\|>(.*?)(?=<\|end\|>|<\|call\|>|<\|return\|>|<\|start\|>|$)", re.DOTALL)
 
     def starts_call(self, text: str) -> int | None:
@@ -255,7 +261,7 @@ class HarmonyParser(ToolParser):
             return ParsedOutput(content=text)
         reasoning, final, calls, malformed = [], [], [], False
         for m in messages:
-            channel, header, body = m.group(1), m.group(2), m.group(3)
+            channel, header, body = m.group(2), m.group(1) + m.group(3), m.group(4)
             target = re.search(r"to=functions\.([\w.-]+)", header)
             if target:
                 call = _call(target.group(1), body.strip())

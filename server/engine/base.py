@@ -111,3 +111,7 @@ class Engine(Protocol):
     @property
     def load(self) -> dict[str, int]:
         """Rows decoding and sequences waiting, for /health."""
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine can no longer sample (its decode thread or vLLM process is gone)."""

@@ -81,6 +81,10 @@ class TorchEngine:
     def load(self) -> dict[str, int]:
         return {"running": len(self._rows), "waiting": len(self._waiting)}
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _generator(self, req: GenRequest, i: int) -> torch.Generator | None:
         if req.params.seed is None:
             return None

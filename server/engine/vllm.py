@@ -4,14 +4,16 @@ token-exact contract as the torch engine.
 art-server renders the prompt and sends vLLM its token ids (`/v1/completions` with a token-id
 prompt, so vLLM never re-renders); vLLM streams back the sampled ids and their logprobs, which
 end sequences through the same `record_token` as the torch engine. Each of a request's `n`
-samples is its own vLLM request (seed + i, as the torch engine seeds its rows), at most half the
-batch at once so one large request cannot shut the others out. A cancelled request closes its
-stream, which aborts it in vLLM.
+samples is its own vLLM request (seed + i, as the torch engine seeds its rows). At most `max_batch`
+sequences decode at once, and one request takes at most half of them, so one large request cannot
+shut the others out; the rest wait, up to `max_waiting`, then requests are refused (503) as on the
+torch engine. A cancelled request closes its stream, which aborts it in vLLM.
 
 Logprobs are invariant 2's by construction (vLLM runs in `processed_logprobs` mode, see
 server/engine/vllm_process.py) for every setting this engine accepts; it refuses the ones where
 vLLM reports another distribution: top_p < 1 (processed logprobs are renormalised over the
-nucleus) and constrained decoding (renormalised over the grammar's tokens).
+nucleus), constrained decoding (renormalised over the grammar's tokens) and temperatures below
+vLLM's floor of 0.01 (it samples at 0.01 instead).
 
 A run's step is served by writing its adapter as a PEFT directory and loading it into vLLM by
 name at run time; requests already decoding keep the adapter they started on (serving.py leases).
@@ -38,6 +40,7 @@ from server.settings import Settings
 
 log = logging.getLogger("artisan.vllm")
 DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+MIN_TEMPERATURE = 0.01  # vLLM raises any lower non-zero temperature to this, silently
 
 
 class VllmEngine:
@@ -60,6 +63,7 @@ class VllmEngine:
         self._lock = threading.Lock()
         self._waiting = 0
         self._running = 0
+        self._rows = asyncio.Semaphore(self.max_batch)  # rows across all requests
 
     # ---- Engine ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -87,6 +91,10 @@ class VllmEngine:
             raise Unsupported(f"{params.constraint.what} is not supported on the vLLM engine: vLLM reports logprobs "
                               f"renormalised over the grammar's tokens, which the trainer cannot reproduce. Use the "
                               f"torch engine.", params.constraint.what)
+        if 0 < params.temperature < MIN_TEMPERATURE:
+            raise Unsupported(f"temperature {params.temperature} is below vLLM's floor of {MIN_TEMPERATURE}: vLLM "
+                              f"would sample at {MIN_TEMPERATURE} and the trainer would score another distribution. "
+                              f"Use 0 (greedy) or at least {MIN_TEMPERATURE}.", "temperature")
 
     def submit(self, req: GenRequest) -> None:
         with self._lock:
@@ -99,6 +107,10 @@ class VllmEngine:
     @property
     def load(self) -> dict[str, int]:
         return {"running": self._running, "waiting": self._waiting}
+
+    @property
+    def alive(self) -> bool:
+        return self.server.alive
 
     # ---- adapters -------------------------------------------------------------------------------
     def load_adapter(self, name: str, lora_config: Any, state: dict[str, Any]) -> None:
@@ -125,11 +137,11 @@ class VllmEngine:
 
     # ---- sampling -------------------------------------------------------------------------------
     async def _request(self, req: GenRequest) -> None:
-        rows = asyncio.Semaphore(self.rows_per_request)
-        await asyncio.gather(*(self._sequence(req, seq, rows) for seq in req.sequences))
+        own_rows = asyncio.Semaphore(self.rows_per_request)
+        await asyncio.gather(*(self._sequence(req, seq, own_rows) for seq in req.sequences))
 
-    async def _sequence(self, req: GenRequest, seq: Sequence, rows: asyncio.Semaphore) -> None:
-        async with rows:
+    async def _sequence(self, req: GenRequest, seq: Sequence, own_rows: asyncio.Semaphore) -> None:
+        async with own_rows, self._rows:
             with self._lock:
                 self._waiting -= 1
                 self._running += 1
@@ -138,6 +150,8 @@ class VllmEngine:
                     seq.finish_reason = "cancelled"
                 else:
                     await self._until_cancelled(req, seq, self._stream(req, seq))
+                    if seq.finish_reason is None:  # a stream cut short must not train as a finished turn
+                        raise EngineError("vLLM ended the stream before the sequence finished")
             except Exception as exc:  # vLLM refused or went away: this request fails, the server goes on
                 log.warning("vLLM request failed: %s", exc)
                 req.cancelled = True

@@ -32,13 +32,17 @@ log = logging.getLogger("artisan.vllm")
 BASE_NAME = "artisan-base"  # what vLLM calls the base model; adapters go by their own names
 
 
+try:  # looked up here: loading a library in the forked child of a threaded process can deadlock
+    _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: the parent's stop() is the only way down
+    _PRCTL = None
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it when art-server dies, even by SIGKILL, so no orphaned
     vLLM keeps the port, the memory or the GPU."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the parent's stop() is the only way down
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class VllmServer:
@@ -77,11 +81,13 @@ class VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         log.info("starting vLLM: %s (log: %s)", " ".join(self.command()), self.log_path)
+        # Its own process group, so that stop() reaches vLLM's engine-core child too.
         self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=_die_with_parent, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()
                 raise SystemExit(f"--engine vllm: vLLM exited with {self.proc.returncode} while starting "
                                  f"({self._hint()}); its log {self.log_path} ends:\n{self._tail()}")
             try:
@@ -95,16 +101,26 @@ class VllmServer:
         raise SystemExit(f"--engine vllm: vLLM did not answer within {timeout:.0f}s; see {self.log_path}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        if self.proc is not None:
+            self._signal_group(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._signal_group(signal.SIGKILL)
                 self.proc.wait()
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:  # the whole group is gone already
+            pass
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def _tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]

