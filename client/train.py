@@ -111,15 +111,18 @@ def step_line(result: TrainResult) -> str:
 
 
 class Summary:
-    """The loop's record in `out/summary.json`: evals, per-step figures, time spent; a restart of
-    the same run picks it up."""
+    """The loop's record in `out/summary.json`: evals, per-step figures, time spent. A restart that
+    resumes the run at step `resumed_at` keeps the record up to that step; a run that starts over
+    (step 0: a new server, or its data wiped) starts a new record, so that its "before" is its own."""
 
-    def __init__(self, path: Path, run: str):
+    def __init__(self, path: Path, run: str, resumed_at: int):
         self.path, self.run, self.started = path, run, time.time()
         previous = json.loads(path.read_text()) if path.exists() else {}
-        same = previous.get("run") == run
-        self.history: list[dict[str, Any]] = previous.get("history", []) if same else []
-        self.evals: list[dict[str, Any]] = previous.get("evals", []) if same else []
+        same = previous.get("run") == run and resumed_at > 0
+        self.history: list[dict[str, Any]] = [h for h in previous.get("history", []) if h["step"] <= resumed_at] \
+            if same else []
+        self.evals: list[dict[str, Any]] = [e for e in previous.get("evals", []) if e["step"] <= resumed_at] \
+            if same else []
         self.seconds_before = previous.get("seconds", 0.0) if same else 0.0
 
     def write(self) -> dict[str, Any]:
@@ -148,7 +151,7 @@ async def train_loop(cfg: LoopConfig) -> dict[str, Any]:
     model = await TrainableModel(cfg.run, project=cfg.project).register(cfg.server, cfg.api_key)
     held_out, train_tasks = example.eval_tasks()[: cfg.eval_tasks], example.train_tasks(cfg.seed)
     rng = random.Random(cfg.seed)
-    summary = Summary(cfg.out / "summary.json", cfg.run)
+    summary = Summary(cfg.out / "summary.json", cfg.run, resumed_at=model.step)
 
     async def eval_now() -> None:
         reward = await evaluate(model, example, held_out, cfg.progress)

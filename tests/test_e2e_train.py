@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+from client.train import Summary
 from tests.conftest import ROOT
 
 
@@ -45,6 +46,25 @@ def test_client_train_runs_logs_plots_and_resumes(fresh_server, tmp_path):
     proc = _train(srv, out, 3)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step   3 |" in proc.stdout and "step   1 |" not in proc.stdout
+    resumed = json.loads((out / "summary.json").read_text())
+    assert [e["step"] for e in resumed["evals"]] == [0, 2, 3]
+    assert [h["step"] for h in resumed["history"] if h["trained"]] == [1, 2, 3]  # an untrained try keeps its step
+    assert resumed["eval_reward_before"] == summary["eval_reward_before"]
+
+
+def test_a_run_that_starts_over_starts_its_own_record(tmp_path):
+    """`make demo` twice: the second run starts from step 0 again, and must report its own
+    "before" and its own time, not the first run's."""
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"run": "demo", "seconds": 200.0, "evals": [{"step": 0, "reward": 0.1},
+                                                                         {"step": 4, "reward": 0.9}],
+                                "history": [{"step": s} for s in range(1, 5)]}))
+    fresh = Summary(path, "demo", resumed_at=0)
+    assert (fresh.evals, fresh.history, fresh.seconds_before) == ([], [], 0.0)
+    resumed = Summary(path, "demo", resumed_at=2)  # restored to step 2: later steps' figures are not this run's
+    assert [e["step"] for e in resumed.evals] == [0] and [h["step"] for h in resumed.history] == [1, 2]
+    assert resumed.seconds_before == 200.0
+    assert Summary(path, "other", resumed_at=2).evals == []
 
 
 def test_client_train_raises_held_out_demo_reward(fresh_server, tmp_path):
