@@ -97,12 +97,16 @@ def _vllm_direct(model_dir: Path, work: Path, python: str | None) -> dict[str, f
     from transformers import AutoConfig
 
     from server.engine.vllm_process import BASE_NAME, VllmServer
+    from server.model_host import context_window
+    from server.settings import Settings
 
-    window = min(4096, AutoConfig.from_pretrained(model_dir).max_position_embeddings)
-    server = VllmServer(python, model_dir, "float32", window, 64, 64, 8, None, work / "vllm-direct.log")
+    settings = Settings(vllm_python=python, data_dir=work / "vllm-direct")
+    window = context_window(AutoConfig.from_pretrained(model_dir))
+    server = VllmServer.for_settings(settings, model_dir, "float32", window, on_gpu=False)
     server.start(timeout=900)
     try:
-        return {f"vllm_direct_c{c}": round(asyncio.run(_client_load(server.url, BASE_NAME, c, n)), 1) for c, n in LOADS}
+        return {f"vllm_direct_c{c}": round(asyncio.run(_client_load(server.url, BASE_NAME, c, n)), 1)
+                for c, n in LOADS}
     finally:
         server.stop()
 

@@ -404,7 +404,8 @@ class _Usage:
 def reply_format(ids: list[str]) -> dict[str, Any]:
     """The judge's reply as an OpenAI `json_schema` response_format."""
     entry = {"type": "object", "additionalProperties": False, "required": ["trajectory_id", "explanation", "score"],
-             "properties": {"trajectory_id": {"type": "string", "enum": ids}, "explanation": {"type": "string", "maxLength": 240},
+             "properties": {"trajectory_id": {"type": "string", "enum": ids},
+                            "explanation": {"type": "string", "maxLength": 240},
                             "score": {"type": "number", "minimum": 0, "maximum": 1}}}
     schema = {"type": "object", "additionalProperties": False, "required": ["scores"],
               "properties": {"scores": {"type": "array", "items": entry, "minItems": len(ids), "maxItems": len(ids)}}}

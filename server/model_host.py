@@ -71,6 +71,11 @@ def lora_targets(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
+def context_window(config: Any) -> int:
+    """The longest sequence the model takes: prompt and completion, as both engines bound them."""
+    return int(getattr(config, "max_position_embeddings", None) or 4096)
+
+
 class ModelHost:
     def __init__(self, model_dir: str | Path, device: str = "auto", dtype: str = "auto", name: str | None = None,
                  chat: ChatOptions = ChatOptions(), aliases: tuple[str, ...] = ()):
@@ -91,7 +96,7 @@ class ModelHost:
         self.chat = ChatFormat.build(self.tokenizer, chat.template, chat.tool_call_parser, chat.reasoning_parser,
                                      stop_ids_of(self.model_dir, self.config), chat.template_kwargs)
         self.lock = threading.RLock()
-        self.context_window = int(getattr(self.config, "max_position_embeddings", None) or 4096)
+        self.context_window = context_window(self.config)
         self.lora_targets = lora_targets(model)
         self.fingerprint = self._fingerprint()
         self.n_params = sum(p.numel() for p in model.parameters())

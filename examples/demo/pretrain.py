@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 
+from examples.demo.corpus import conversation
 from server.embedded.template import CHAT_TEMPLATE, render_text
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -36,8 +37,6 @@ _FILLER = (
 def corpus(n_conversations: int = 3000, seed: int = 0) -> list[str]:
     """Synthetic chat transcripts in the model's own format: tool traffic in JSON, numbers and
     plain English filler, so common pieces become single tokens."""
-    from examples.demo.corpus import conversation
-
     rng = random.Random(seed)
     texts: list[str] = []
     for _ in range(n_conversations):
@@ -94,17 +93,17 @@ def pretrain(model, tokenizer, steps: int, batch_size: int = 16, lr: float = 2e-
     import torch
 
     from server.chat.format import ChatFormat
-    from examples.demo.corpus import conversation
 
     renderer = ChatFormat.build(tokenizer).renderer
     rng = random.Random(seed + 1)
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     warmup = max(1, steps // 20)
     model.train()
     started, recent = time.time(), []
     for step in range(steps):
-        scale = (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+        progress = (step - warmup) / max(1, steps - warmup)
+        scale = (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * progress))
         for g in opt.param_groups:
             g["lr"] = lr * scale
         seqs = [renderer.render(*conversation(rng), add_generation_prompt=False).ids for _ in range(batch_size)]
@@ -131,9 +130,7 @@ def build_model(out: Path, hidden: int = 256, layers: int = 4, heads: int = 4, k
                 intermediate: int = 704, vocab_size: int = 2048, context: int = 2048, seed: int = 0,
                 pretrain_steps: int = 0) -> Path:
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -51,10 +51,8 @@ class VllmEngine:
         self.max_lora_rank = settings.vllm_max_lora_rank
         self.start_timeout = settings.vllm_start_timeout
         self.adapters_dir = Path(settings.data_dir) / "vllm-adapters"
-        self.server = VllmServer(settings.vllm_python, host.model_dir, DTYPES[str(host.dtype)], host.context_window,
-                                 settings.max_batch, settings.vllm_max_lora_rank, settings.vllm_max_loras,
-                                 settings.vllm_gpu_memory_utilization if host.device.type == "cuda" else None,
-                                 Path(settings.data_dir) / "vllm.log")
+        self.server = VllmServer.for_settings(settings, host.model_dir, DTYPES[str(host.dtype)], host.context_window,
+                                              on_gpu=host.device.type == "cuda")
         self.text_of = host.chat.text  # the text stop strings are matched in
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="artisan-vllm", daemon=True)

@@ -28,6 +28,8 @@ from typing import IO
 
 import httpx
 
+from server.settings import Settings
+
 log = logging.getLogger("artisan.vllm")
 BASE_NAME = "artisan-base"  # what vLLM calls the base model; adapters go by their own names
 
@@ -56,6 +58,14 @@ class VllmServer:
         self.port = _free_port()
         self.proc: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
+
+    @classmethod
+    def for_settings(cls, settings: Settings, model_dir: Path, dtype: str, max_model_len: int,
+                     on_gpu: bool) -> "VllmServer":
+        """As art-server's settings say (the vLLM engine, and the bench that measures vLLM alone)."""
+        return cls(settings.vllm_python, model_dir, dtype, max_model_len, settings.max_batch,
+                   settings.vllm_max_lora_rank, settings.vllm_max_loras,
+                   settings.vllm_gpu_memory_utilization if on_gpu else None, Path(settings.data_dir) / "vllm.log")
 
     @property
     def url(self) -> str:

