@@ -84,7 +84,8 @@ def message_and_finish(chat: ChatFormat, seq: DecodeSequence, tools_enabled: boo
 def remember(chat: ChatFormat, message: dict[str, Any], seq: DecodeSequence, sampling: dict[str, Any]) -> None:
     """The turn as sampled, so the next prompt can splice its exact ids and a training job can
     recover them from a choice that lost them."""
-    chat.turns.remember(message, SampledTurn(tuple(seq.token_ids), {"logprobs": list(seq.logprobs), "sampling": sampling}))
+    record = {"logprobs": list(seq.logprobs), "sampling": sampling}
+    chat.turns.remember(message, SampledTurn(tuple(seq.token_ids), record))
 
 
 def build_choice(host: ModelHost, seq: DecodeSequence, sampling: dict[str, Any], tools_enabled: bool) -> dict[str, Any]:
