@@ -14,8 +14,9 @@ from fastapi.responses import JSONResponse
 from server import export
 from server.api import errors, export_routes, limits, openai_routes, training_routes, ui_routes
 from server.api.deps import ServerState
+from server.data_lock import lock_data_dir
 from server.model_host import ChatOptions, ModelHost
-from server.model_source import resolve
+from server.model_source import resolve, served_name
 from server.serving import ServedModels
 from server.settings import Settings
 from server.store import Store
@@ -30,11 +31,24 @@ def load_model(settings: Settings) -> ModelHost:
     template = settings.chat_template.read_text() if settings.chat_template else None
     chat = ChatOptions(template, settings.tool_call_parser, settings.reasoning_parser, settings.chat_template_kwargs)
     names = settings.served_model_name
-    host = ModelHost(model_dir, device=settings.device, dtype=settings.dtype, name=names[0] if names else None,
-                     chat=chat, aliases=(settings.model, *names))
+    host = ModelHost(model_dir, device=settings.device, dtype=settings.dtype,
+                     name=names[0] if names else served_name(settings.model), chat=chat,
+                     aliases=(settings.model, *names))
     if settings.gradient_checkpointing:
         host.enable_gradient_checkpointing()
+    _warn_unrendered_tools(host, settings)
     return host
+
+
+def _warn_unrendered_tools(host: ModelHost, settings: Settings) -> None:
+    if host.chat.template.renders_tools:
+        return
+    if settings.allow_unrendered_tools:
+        log.warning("%s's chat template does not render tools; --allow-unrendered-tools: requests with tools are "
+                    "served and the model never sees them", host.name)
+    else:
+        log.warning("%s's chat template does not render tools: requests with tools get a 400; pass --chat-template "
+                    "FILE (a template that renders tools), or --allow-unrendered-tools", host.name)
 
 
 def make_engine(settings: Settings, host: ModelHost) -> Any:
@@ -48,7 +62,8 @@ def make_engine(settings: Settings, host: ModelHost) -> Any:
 
 
 def build_state(settings: Settings) -> ServerState:
-    exports = export.build(settings)  # None unless --export asks; first, so a bad one stops start-up at once
+    lock_data_dir(Path(settings.data_dir))  # before anything is loaded: a second server stops at once
+    exports = export.build(settings)  # None unless --export asks; early, so a bad one stops start-up at once
     host = load_model(settings)
     engine = make_engine(settings, host)
     served = ServedModels(host.name, host.aliases)
@@ -67,7 +82,8 @@ def create_app(settings: Settings) -> FastAPI:
         state.engine.start()
         state.runs.resume_all()
         state.jobs.start()
-        log.info("serving %s (%.1fM parameters) on %s", state.host.name, state.host.n_params / 1e6, state.host.device)
+        log.info("serving %s (%.1fM parameters) on %s; served names: %s", state.host.name, state.host.n_params / 1e6,
+                 state.host.device, ", ".join(state.served.names()))
         yield
         state.engine.stop()
         state.jobs.stop()

@@ -15,7 +15,13 @@ from server.settings import DEFAULT_CACHE, DEFAULT_MODEL_DIR, Settings, check_bi
 # a test, a second server) that spinning starves everyone and decoding slows ~50x on 2 cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-app = typer.Typer(add_completion=False, help=__doc__)
+# Plain click help (not rich's table, which cuts long option names to fit 80 columns), as wide as
+# the terminal allows; errors as click's short lines, never a boxed traceback.
+app = typer.Typer(add_completion=False, help=__doc__, rich_markup_mode=None, pretty_exceptions_enable=False,
+                  context_settings={"max_content_width": 200})
+ENGINES = ("torch", "vllm")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 @app.command()
@@ -29,6 +35,9 @@ def serve(
     tool_call_parser: str = typer.Option("auto", help="hermes, llama3_json, mistral, pythonic, openai or none "
                                                       "(auto: from the chat template)."),
     reasoning_parser: str = typer.Option("auto", help="qwen3, deepseek_r1, openai or none (auto: from the template)."),
+    allow_unrendered_tools: bool = typer.Option(False, help="Serve requests with tools although the chat template "
+                                                            "does not render them (the model never sees them); "
+                                                            "without it they get a 400."),
     host: str = typer.Option("127.0.0.1", help="Address to bind. A non-loopback address needs an API key."),
     port: int = typer.Option(8000),
     api_key: str = typer.Option(None, envvar="ARTISAN_API_KEY", help="Bearer key required on every route but /health."),
@@ -56,22 +65,17 @@ def serve(
                                           "each reads its keys from its own environment variables (see server/export)."),
     export_timeout: float = typer.Option(10.0, help="Seconds an exporter's request may take before it counts as failed."),
     export_queue: int = typer.Option(16, help="Batches (steps) an exporter may have waiting; more are dropped and counted."),
-    log_level: str = typer.Option("info"),
+    log_level: str = typer.Option("info", help=", ".join(LOG_LEVELS)),
 ) -> None:
-    import uvicorn
+    template_kwargs = _check_options(chat_template, chat_template_kwargs, tool_call_parser, reasoning_parser, engine,
+                                     dtype, log_level)
+    from server.model_source import check as check_model
 
-    from server.app import create_app
-
-    try:
-        template_kwargs = json.loads(chat_template_kwargs)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--chat-template-kwargs is not JSON: {e}")
-    if chat_template is not None and not chat_template.is_file():
-        raise SystemExit(f"--chat-template {chat_template}: no such file")
+    check_model(model)
     settings = Settings(model=model, served_model_name=served_model_name, chat_template=chat_template,
                         chat_template_kwargs=template_kwargs, tool_call_parser=tool_call_parser,
-                        reasoning_parser=reasoning_parser, host=host, port=port, api_key=api_key or None,
-                        data_dir=data_dir, cache_dir=cache_dir, engine=engine, device=device, dtype=dtype,
+                        reasoning_parser=reasoning_parser, allow_unrendered_tools=allow_unrendered_tools, host=host,
+                        port=port, api_key=api_key or None, data_dir=data_dir, cache_dir=cache_dir, engine=engine, device=device, dtype=dtype,
                         gradient_checkpointing=gradient_checkpointing, vllm_python=vllm_python,
                         vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, vllm_max_lora_rank=vllm_max_lora_rank,
                         vllm_max_loras=vllm_max_loras, max_batch=max_batch, max_waiting=max_waiting,
@@ -79,8 +83,37 @@ def serve(
                         keep_trajectory_steps=keep_trajectory_steps, export=export, export_timeout=export_timeout,
                         export_queue=export_queue)
     check_bind(settings)
+    from server.model_host import pick_device  # torch: after the checks that need nothing loaded
+
+    pick_device(device)
+    import uvicorn
+
+    from server.app import create_app
+
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_keep_alive=30)
+
+
+def _check_options(chat_template: Path | None, chat_template_kwargs: str, tool_call_parser: str,
+                   reasoning_parser: str, engine: str, dtype: str, log_level: str) -> dict:
+    """The options that can be judged before anything loads; each mistake is one line."""
+    from server.chat.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+    try:
+        template_kwargs = json.loads(chat_template_kwargs)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--chat-template-kwargs is not JSON: {e}")
+    if not isinstance(template_kwargs, dict):
+        raise SystemExit("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    if chat_template is not None and not chat_template.is_file():
+        raise SystemExit(f"--chat-template {chat_template}: no such file")
+    for flag, value, valid in (("--tool-call-parser", tool_call_parser, ("auto", *TOOL_PARSERS)),
+                               ("--reasoning-parser", reasoning_parser, ("auto", *REASONING_PARSERS)),
+                               ("--engine", engine, ENGINES), ("--dtype", dtype, DTYPES),
+                               ("--log-level", log_level.lower(), LOG_LEVELS)):
+        if value not in valid:
+            raise SystemExit(f"{flag} {value}: not one of {', '.join(valid)}")
+    return template_kwargs
 
 
 if __name__ == "__main__":

@@ -37,9 +37,21 @@ class ChatOptions:
     template_kwargs: dict[str, Any] | None = None
 
 
+class DeviceError(SystemExit):
+    """`--device` names a device this machine does not have."""
+
+
 def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+        raise DeviceError(f"--device {device}: expected auto, cpu, cuda or cuda:N")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceError("CUDA is not available on this machine; use --device cpu")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device(device)
 
 
@@ -91,7 +103,7 @@ class ModelHost:
         self.model: Any = model  # becomes a PeftModel when the first adapter is added
         self.config = model.config
         self.name = name or _model_name(self.model_dir)
-        self.aliases = {self.name, str(self.model_dir), *aliases,
+        self.aliases = {self.name, str(self.model_dir), _model_name(self.model_dir), *aliases,
                         *([self.config.name_or_path] if getattr(self.config, "name_or_path", None) else [])}
         self.chat = ChatFormat.build(self.tokenizer, chat.template, chat.tool_call_parser, chat.reasoning_parser,
                                      stop_ids_of(self.model_dir, self.config), chat.template_kwargs)

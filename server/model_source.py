@@ -2,7 +2,9 @@
 
 Everything ends as a local directory transformers loads. A hub id is downloaded (once, into the
 hub cache) where the hub is reachable; a GGUF file is dequantised once into a plain model
-directory cached beside the server's data, keyed by the file's content.
+directory cached beside the server's data, keyed by the file's content. Neither directory's name
+says what the model is (a commit hash, a content hash), so such a model is served under the name
+the user gave: the hub id, or the GGUF file's stem.
 """
 
 from __future__ import annotations
@@ -22,20 +24,40 @@ class ModelSourceError(SystemExit):
     """`--model` names nothing this server can load; the message says what to do instead."""
 
 
-def resolve(model: str | Path, cache_dir: Path) -> Path:
-    """A local directory holding config.json, tokenizer files and weights."""
+def check(model: str | Path) -> None:
+    """Refuse at once (before anything is loaded) what `--model` cannot name."""
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return from_gguf(path, cache_dir)
+        return
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelSourceError(f"--model {path}: no config.json in that directory (is it a model directory?)")
-        return path
+        return
     if path.exists():
         raise ModelSourceError(f"--model {path}: expected a model directory or a .gguf file")
-    if HUB_ID.match(str(model)):
-        return from_hub(str(model))
-    raise ModelSourceError(f"--model {model}: no such file or directory, and not a Hugging Face hub id (owner/name)")
+    if not HUB_ID.match(str(model)):
+        raise ModelSourceError(f"--model {model}: no such file or directory, and not a Hugging Face hub id "
+                               f"(owner/name)")
+
+
+def resolve(model: str | Path, cache_dir: Path) -> Path:
+    """A local directory holding config.json, tokenizer files and weights."""
+    check(model)
+    path = Path(model).expanduser()
+    if path.is_file():
+        return from_gguf(path, cache_dir)
+    return path if path.is_dir() else from_hub(str(model))
+
+
+def served_name(model: str | Path) -> str | None:
+    """The name a model is served under unless `--served-model-name` says: a GGUF file's stem
+    (`SmolLM2-135M-Instruct.Q4_1`), a hub id as given; None for a directory (its own name)."""
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path.stem
+    if not path.exists() and HUB_ID.match(str(model)):
+        return str(model)
+    return None
 
 
 def hub_patterns(files: list[str]) -> list[str]:

@@ -22,6 +22,8 @@ class Settings(BaseModel):
     chat_template_kwargs: dict[str, Any] = {}
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
+    # Serve `tools` to a template that does not render them (the model never sees them) instead of a 400.
+    allow_unrendered_tools: bool = False
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None

@@ -17,7 +17,6 @@ from client import TrainConfig, TrainableModel, Trajectory, TrajectoryGroup
 from conftest import ServerProcess
 from server.chat.format import ChatFormat
 from server.chat.template import TemplateError, template_message
-from server.chat.turns import SampledTurn
 from tests.families import FAMILIES, tiny_model_dir, tokenizer_dir
 
 # maxLength: a random model fills a string until it is told to stop
@@ -93,6 +92,13 @@ def test_render_parity_with_the_models_own_template(family, conversation, workdi
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+def test_whether_a_template_shows_tools_is_known_before_serving(family, workdir):
+    """SmolLM2's and Gemma 3's templates never read `tools`: a request's tools would silently not
+    reach the model, so the server must know before it serves one."""
+    assert _format(family, workdir).template.renders_tools == (family not in ("smollm2", "gemma3"))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_sampled_turn_is_spliced_by_id(family, workdir):
     """An assistant turn the server sampled comes back as its exact ids (which need not be how
     its text would tokenize), closed by the template's own end of turn."""
@@ -107,7 +113,7 @@ def test_a_sampled_turn_is_spliced_by_id(family, workdir):
     first = [{"role": "user", "content": "Where?"}]
     prompt = chat.renderer.render(first).ids
     messages = first + [{"role": "assistant", "content": text}, {"role": "user", "content": "Why?"}]
-    rendered = chat.renderer.render(messages, lookup=lambda m: [SampledTurn(sampled)] if m.get("content") == text else [])
+    rendered = chat.renderer.render(messages, sampled_ids={1: sampled})
     if family == "gpt_oss":
         # Harmony closes an answer with <|return|> when sampling and with <|end|> in history: the
         # template rewrites every earlier turn, and the prompt follows it.
@@ -132,8 +138,7 @@ def test_a_sampled_tool_call_followed_by_its_result_renders(family, workdir):
     except TemplateError as e:
         pytest.skip(f"{family}'s template refuses this conversation: {e}")
     sampled = tuple(chat.renderer.encode("get_weather Paris"))
-    rendered = chat.renderer.render(messages, [WEATHER], lookup=lambda m: [SampledTurn(sampled)]
-                                    if m.get("tool_calls") else [])
+    rendered = chat.renderer.render(messages, [WEATHER], sampled_ids={1: sampled})
     assert rendered.spliced_turns + rendered.rewritten_turns == 1
     assert "21C" in chat.template.tokenizer.decode(rendered.ids)
 
@@ -149,14 +154,13 @@ def test_qwen3_drops_earlier_reasoning_and_the_prompt_follows(workdir):
     sampled = tuple(tok.encode(said + call_text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")])
     turn = {"role": "assistant", "content": None, "reasoning_content": "Look it up.",
             "tool_calls": [call("c1", "get_weather", {"city": "Paris"})]}
-    lookup = lambda m: [SampledTurn(sampled)] if m.get("tool_calls") else []  # noqa: E731
     first = [{"role": "user", "content": "Weather?"}]
     prompt = chat.renderer.render(first, [WEATHER]).ids
     in_loop = first + [turn, {"role": "tool", "tool_call_id": "c1", "content": "21C"}]
-    kept = chat.renderer.render(in_loop, [WEATHER], lookup=lookup)
+    kept = chat.renderer.render(in_loop, [WEATHER], sampled_ids={1: sampled})
     assert kept.spliced_turns == 1 and kept.ids[: len(prompt) + len(sampled)] == prompt + list(sampled)
     later = in_loop + [{"role": "assistant", "content": "21C."}, {"role": "user", "content": "And Oslo?"}]
-    rewritten = chat.renderer.render(later, [WEATHER], lookup=lookup)
+    rewritten = chat.renderer.render(later, [WEATHER], sampled_ids={1: sampled})
     assert rewritten.rewritten_turns == 1 and rewritten.spliced_turns == 0
     assert "Look it up." not in tok.decode(rewritten.ids)
     want = tok.apply_chat_template([template_message(m) for m in later], tools=[WEATHER],

@@ -18,8 +18,8 @@ from conftest import ROOT
 from server.api.streaming import _partial_suffix
 from server.chat.format import ChatFormat
 from server.chat.parsers import HermesParser
+from server.chat.sampled_turns import SampledTurn, SampledTurns, fingerprint
 from server.chat.template import template_message
-from server.chat.turns import SampledTurn
 from server.chat.validate import RenderError, validate_messages
 from server.embedded.template import render_text
 
@@ -132,7 +132,8 @@ def test_renderer_splices_sampled_turns_instead_of_retokenizing(tok):
         {"role": "assistant", "content": "second"},
         {"role": "user", "content": "u3"},
     ]
-    rendered = r.render(messages, lookup=lambda m: [SampledTurn(turns[m["content"]])] if m["content"] in turns else [])
+    rendered = r.render(messages, sampled_ids={i: turns[m["content"]] for i, m in enumerate(messages)
+                                               if m["content"] in turns})
     ids = rendered.ids
     assert rendered.spliced_turns == 2 and rendered.rewritten_turns == 0
     nl = tok.encode("\n", add_special_tokens=False)
@@ -142,6 +143,42 @@ def test_renderer_splices_sampled_turns_instead_of_retokenizing(tok):
     text_only = tok.encode(render_text(messages[:1], None, False), add_special_tokens=False)
     assert ids[: len(text_only)] == text_only
     assert ids[-len(gen):] == gen
+
+
+def test_the_same_text_sampled_after_two_prompts_is_told_apart(tok):
+    """Two rollouts of a group both wrote "The price is 12." with different ids: each later prompt,
+    and a training job recovering a choice that lost its ids, gets the sampling made after its
+    own prompt, whichever is newer."""
+    turns = SampledTurns(FORMAT.renderer)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    text = "The price is 12."
+    as_text = tuple(tok.encode(text, add_special_tokens=False) + [im_end])
+    by_char = tuple([i for ch in text for i in tok.encode(ch, add_special_tokens=False)] + [im_end])
+    assert as_text != by_char
+    asked = {"apples": [{"role": "user", "content": "Price of apples?"}],
+             "pears": [{"role": "user", "content": "Price of pears?"}]}
+    sampled = {"apples": by_char, "pears": as_text}  # pears is the newer sampling
+    for fruit in ("apples", "pears"):
+        prompt = turns.prompt(asked[fruit], None).ids
+        turns.remember({"role": "assistant", "content": text}, SampledTurn(sampled[fruit], {
+            "logprobs": [0.0] * len(sampled[fruit]), "sampling": {"prompt_fingerprint": fingerprint(prompt)}}))
+    for fruit in ("apples", "pears"):
+        first = turns.prompt(asked[fruit], None).ids
+        conversation = asked[fruit] + [{"role": "assistant", "content": text}]
+        later = turns.prompt(conversation + [{"role": "user", "content": "Thanks"}], None)
+        assert later.spliced_turns == 1 and later.ids[: len(first) + len(sampled[fruit])] == first + list(sampled[fruit])
+        turn, prompt = turns.recover(conversation, 1, None)
+        assert turn.token_ids == sampled[fruit] and prompt.ids == first
+    carried = asked["apples"] + [{"role": "assistant", "content": text, "token_ids": list(as_text)}]
+    assert turns.recover(carried, 1, None)[0].token_ids == sampled["apples"]  # a lost choice: its own ids are gone
+    first = turns.prompt(asked["apples"], None).ids
+    assert turns.prompt(carried, None).ids[: len(first) + len(as_text)] == first + list(as_text)  # carried ids win
+    assert turns.recover(asked["apples"] + [{"role": "assistant", "content": "Never said."}], 1, None) is None
+
+
+def test_the_embedded_template_renders_tools():
+    """The demo's agent calls a tool: its model must see the tools it is offered."""
+    assert FORMAT.template.renders_tools
 
 
 def test_output_text_keeps_tool_call_tags_and_drops_control_tokens(tok):

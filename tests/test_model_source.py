@@ -16,7 +16,7 @@ from client import SFTConfig, TrainableModel
 from client.local_server import ROOT
 from conftest import ServerProcess
 from server.model_host import ModelHost, pick_dtype
-from server.model_source import hub_patterns
+from server.model_source import hub_patterns, served_name
 from tests.families import FAMILIES, tiny_model_dir
 
 LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
@@ -53,6 +53,16 @@ def test_a_hub_id_that_cannot_be_downloaded_is_one_clear_line(tmp_path):
 def test_a_model_that_is_neither_file_nor_directory_nor_hub_id_is_refused(tmp_path, model):
     proc = _serve("--model", model, "--data-dir", str(tmp_path))
     assert proc.returncode != 0 and "--model" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_model_is_served_under_the_name_it_was_given(tmp_path):
+    """A GGUF's cache directory is named by a content hash and a hub snapshot by a commit: neither
+    is a name a user would guess, so the served name is the file's stem or the hub id."""
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert served_name(gguf) == served_name(str(gguf)) == "SmolLM2-135M-Instruct.Q4_1"
+    assert served_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert served_name(tmp_path) is None  # a directory's own name (or its artisan.json) serves
 
 
 @pytest.mark.parametrize("family", ["qwen2_5", "qwen3", "llama3_1", "mistral_v0_3", "gemma3"])

@@ -4,12 +4,14 @@ from its GGUF with Gemma 3's instruction template given by `--chat-template`.
 
 For each, against a real art-server through the `openai` SDK: prompts are exactly what the
 model's own template gives, a sampled turn comes back token for token in the next prompt,
-returned logprobs are a full forward pass's, and an RL step trains on-policy.
+returned logprobs are a full forward pass's, and an RL step trains on-policy. Neither template
+shows tools: a request with tools is refused unless a template that does is given.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import openai
 import pytest
@@ -79,7 +81,6 @@ CONVERSATIONS = {
                        {"role": "user", "content": "Colour of the sky?"}], None),
     "earlier_turns": ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
                        {"role": "user", "content": "Name a fruit, «s'il vous plaît» {{ not jinja }}."}], None),
-    "tools_offered": ([{"role": "user", "content": "Weather in Paris?"}], [WEATHER]),
 }
 
 
@@ -89,6 +90,73 @@ def test_prompt_is_the_models_own_template(served, name):
     resp = served.client.chat.completions.create(model=served.name, messages=messages, tools=tools, max_tokens=1,
                                                  temperature=0)
     assert extra(resp, "prompt_token_ids") == served.template_ids(messages, tools)
+
+
+TOOLS_REQUEST = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER], "max_tokens": 1}
+NO_TOOLS_LINE = "chat template does not render tools"
+
+
+def test_tools_the_template_cannot_show_are_refused(served):
+    """SmolLM2's own template and Gemma 3's never read `tools`: served as they are, the tools would
+    silently never reach the model, and an agent trained on it could not learn to call them."""
+    with pytest.raises(openai.BadRequestError) as e:
+        served.client.chat.completions.create(model=served.name, **TOOLS_REQUEST)
+    err = e.value.body
+    assert err["param"] == "tools" and err["code"] == "tools_not_rendered"
+    assert len(err["message"].splitlines()) == 1
+    assert f"model {served.name}:" in err["message"] and "--chat-template FILE" in err["message"]
+    assert "--allow-unrendered-tools" in err["message"]
+    log = served.server.log_path.read_text()
+    assert log.count(NO_TOOLS_LINE) == 1 and "requests with tools get a 400" in log  # said once, at start-up
+    resp = served.client.chat.completions.create(model=served.name, messages=TOOLS_REQUEST["messages"], max_tokens=1)
+    assert extra(resp.choices[0], "token_ids")
+
+
+def _smollm2_server(tmp_path, *extra: str) -> ServerProcess:
+    """SmolLM2 from its GGUF under no --served-model-name, logging its start-up."""
+    converted(smollm2_gguf())
+    return ServerProcess(tmp_path, model=smollm2_gguf(), extra=["--cache-dir", str(CACHE), "--log-level", "info",
+                                                                *extra]).start(timeout=600)
+
+
+SMOLLM2_NAME = "SmolLM2-135M-Instruct.Q4_1"  # the GGUF file's stem
+
+
+def test_a_tool_rendering_template_serves_tools_under_a_readable_name(tmp_path):
+    """Given a template that shows tools (Qwen2.5's ChatML, whose special tokens SmolLM2 shares),
+    the tools are in the prompt; and a GGUF is served under its file's name, not the content
+    hash its cache is keyed by, which the start-up log states."""
+    template = TEMPLATES / "qwen2_5.jinja"
+    server = _smollm2_server(tmp_path, "--chat-template", str(template))
+    try:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300) as client:
+            assert [m.id for m in client.models.list().data] == [SMOLLM2_NAME]
+            resp = client.chat.completions.create(model=SMOLLM2_NAME, **TOOLS_REQUEST)
+        tokenizer = AutoTokenizer.from_pretrained(converted(smollm2_gguf()))
+        prompt = extra(resp, "prompt_token_ids")
+        assert "get_weather" in tokenizer.decode(prompt)
+        assert prompt == tokenizer.apply_chat_template(TOOLS_REQUEST["messages"], tools=[WEATHER],
+                                                       add_generation_prompt=True, chat_template=template.read_text()
+                                                       )["input_ids"]
+        log = server.log_path.read_text()
+        assert re.search(rf"serving {re.escape(SMOLLM2_NAME)} .*served names: {re.escape(SMOLLM2_NAME)}", log), log
+        assert NO_TOOLS_LINE not in log
+    finally:
+        server.stop()
+
+
+def test_allow_unrendered_tools_serves_them_unseen(tmp_path):
+    server = _smollm2_server(tmp_path, "--allow-unrendered-tools")
+    try:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300) as client:
+            resp = client.chat.completions.create(model=SMOLLM2_NAME, **TOOLS_REQUEST)
+            client.chat.completions.create(model=SMOLLM2_NAME, **TOOLS_REQUEST)
+        tokenizer = AutoTokenizer.from_pretrained(converted(smollm2_gguf()))
+        assert "get_weather" not in tokenizer.decode(extra(resp, "prompt_token_ids"))
+        log = server.log_path.read_text()
+        assert log.count(NO_TOOLS_LINE) == 1 and "--allow-unrendered-tools" in log  # once, at start-up
+    finally:
+        server.stop()
 
 
 def test_smollm2_sees_its_default_system_prompt(smollm2):

@@ -3,7 +3,11 @@
 A request resolves its `model` to a policy (base, run or run@step), renders its prompt through
 the model's chat template (splicing earlier sampled turns in as their exact ids), samples on the
 engine while holding a lease on its policy, and answers with choices that carry what training
-needs (server/api/completions.py). The response carries `prompt_token_ids`.
+needs (server/api/chat_choices.py). The response carries `prompt_token_ids`.
+
+A request with `tools` to a model whose template cannot show them is refused (unless the operator
+passed --allow-unrendered-tools): the model would answer without ever seeing the tools, and an
+agent trained that way cannot learn to call them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from server.api.auth import require_api_key
-from server.api.completions import build_choice, sampling_info
+from server.api.chat_choices import build_choice, sampling_info
 from server.api.deps import ServerState, State
 from server.api.errors import APIError
 from server.api.limits import GuardedRoute
@@ -41,6 +45,12 @@ async def list_models(state: State) -> dict[str, Any]:
          "max_model_len": state.host.context_window} for name in state.served.names()]}
 
 
+def unrendered_tools_message(model: str) -> str:
+    return (f"model {model}: its chat template does not render tools, so the model would never see them; "
+            f"restart art-server with --chat-template FILE (a template that renders tools), "
+            f"or with --allow-unrendered-tools to accept them unseen")
+
+
 def _prompt(state: ServerState, body: ChatCompletionRequest) -> RenderedPrompt:
     try:
         validate_messages(body.messages)
@@ -51,9 +61,10 @@ def _prompt(state: ServerState, body: ChatCompletionRequest) -> RenderedPrompt:
         ids = m.get("token_ids")
         if ids is not None and (not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < vocab for t in ids)):
             raise APIError(400, f"messages[{i}].token_ids must be token ids below {vocab}", param=f"messages[{i}].token_ids")
+    if body.tools and not state.host.chat.template.renders_tools and not state.settings.allow_unrendered_tools:
+        raise APIError(400, unrendered_tools_message(state.host.name), param="tools", code="tools_not_rendered")
     try:
-        return state.host.chat.renderer.render(body.messages, body.tool_dicts(), True, state.host.chat.turns.lookup,
-                                               body.chat_template_kwargs)
+        return state.host.chat.turns.prompt(body.messages, body.tool_dicts(), body.chat_template_kwargs)
     except TemplateError as e:
         raise APIError(400, str(e), param="messages", code="invalid_messages")
 

@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
-from server.api.completions import logprob_entries, message_and_finish, remember
+from server.api.chat_choices import logprob_entries, message_and_finish, remember
 from server.chat.format import ChatFormat
-from server.engine.base import GenRequest, Sequence
+from server.engine.base import GenRequest, DecodeSequence
 
 
 def sse(obj: Any) -> str:
@@ -101,7 +101,7 @@ class ChoiceStream:
         return out
 
 
-def _new_tokens(host: Any, seq: Sequence, st: ChoiceStream, top_logprobs: bool) -> tuple[int, dict[str, Any]]:
+def _new_tokens(host: Any, seq: DecodeSequence, st: ChoiceStream, top_logprobs: bool) -> tuple[int, dict[str, Any]]:
     # The engine thread may be appending to `seq` as we read it (token ids first, then logprobs,
     # then top logprobs): send only the tokens whose every list is complete.
     end = len(seq.top_logprobs) if top_logprobs else len(seq.logprobs)
@@ -152,14 +152,14 @@ async def stream_chunks(host: Any, c: Completion, disconnected: Callable[[], Any
         done()
 
 
-def _token_chunk(host: Any, c: Completion, seq: Sequence, st: ChoiceStream) -> str | None:
+def _token_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream) -> str | None:
     end, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs))
     reasoning, content = st.visible(host.chat, host.chat.text(seq.token_ids[:end]), c)
     delta = st.delta(reasoning, content)
     return c.chunk(seq.index, delta, **extra) if delta or extra["token_ids"] else None
 
 
-def _final_chunk(host: Any, c: Completion, seq: Sequence, st: ChoiceStream) -> str:
+def _final_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream) -> str:
     _, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs))
     message, finish, malformed = message_and_finish(host.chat, seq, c.tools_enabled)
     remember(host.chat, message, seq, c.sampling)

@@ -15,7 +15,7 @@ from server.chat.parsers import (ParsedOutput, ReasoningParser, ToolParser, dete
                                  detect_tool_parser, make_reasoning_parser, make_tool_parser)
 from server.chat.render import Renderer
 from server.chat.template import ChatTemplate
-from server.chat.turns import TurnCache
+from server.chat.sampled_turns import SampledTurns
 
 log = logging.getLogger("artisan.chat")
 
@@ -32,7 +32,7 @@ class ChatFormat:
     tool_parser: ToolParser
     reasoning_parser: ReasoningParser | None
     stop_ids: set[int]
-    turns: TurnCache
+    turns: SampledTurns  # what this server sampled, and which sampling a message is
     kept_ids: dict[int, str]  # control tokens the parsers read, kept when decoding
 
     @classmethod
@@ -49,9 +49,10 @@ class ChatFormat:
         special = _special_ids(tokenizer)
         kept = {i: t for t in markers if isinstance(i := tokenizer.convert_tokens_to_ids(t), int) and i in special
                 and tokenizer.convert_ids_to_tokens(i) == t}
-        log.info("chat format: tool-call parser %s, reasoning parser %s, stop ids %s", tool_name, reasoning_name,
-                 sorted(stop_ids))
-        return cls(template, Renderer(template, stop_ids), tools, reasoning, stop_ids, TurnCache(), kept)
+        log.info("chat format: tool-call parser %s, reasoning parser %s, stop ids %s, tools rendered: %s", tool_name,
+                 reasoning_name, sorted(stop_ids), template.renders_tools)
+        renderer = Renderer(template, stop_ids)
+        return cls(template, renderer, tools, reasoning, stop_ids, SampledTurns(renderer), kept)
 
     @staticmethod
     def _turn_end_id(tokenizer: Any, template: ChatTemplate) -> int | None:

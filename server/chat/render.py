@@ -2,8 +2,9 @@
 
 The model's own template renders the conversation; the tokenizer encodes it. An assistant turn
 this server sampled is spliced in as its exact sampled ids instead of being re-tokenized from its
-text, so the next prompt contains exactly what the model produced. The same function builds
-prompts for sampling and rebuilds them for training, which is what makes training token-exact.
+text, so the next prompt contains exactly what the model produced; which sampling a turn is, is
+decided in server/chat/sampled_turns.py. The same function builds prompts for sampling and
+rebuilds them for training, which is what makes training token-exact.
 
 A template may rewrite history: Qwen3's drops the reasoning of turns before the latest user
 message, gpt-oss's drops the analysis channel. When the template's rendering of a sampled turn
@@ -14,24 +15,10 @@ turn was sampled from, and training gives each such turn a sequence of its own.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Mapping, Sequence
 
 from server.chat.template import SENTINEL, ChatTemplate, TemplateError
-from server.chat.turns import SampledTurn
-
-# The samplings an assistant message may be (newest first); empty for a turn this server never sampled.
-TurnLookup = Callable[[dict[str, Any]], "list[SampledTurn]"]
-
-
-def no_turns(message: dict[str, Any]) -> list[SampledTurn]:
-    return []
-
-
-def fingerprint(ids: Sequence[int]) -> str:
-    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -46,7 +33,7 @@ class RenderedPrompt:
 @dataclass
 class _Splice:
     index: int  # position of the assistant message in the conversation
-    turn: SampledTurn
+    ids: Sequence[int]  # what was sampled
     body: str = ""  # the template's rendering of the turn's content
 
 
@@ -70,12 +57,13 @@ class Renderer:
         return self.template.render(messages, tools, add_generation_prompt, kwargs)
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True, lookup: TurnLookup = no_turns,
-               kwargs: dict[str, Any] | None = None, _chosen: dict[int, Any] | None = None) -> RenderedPrompt:
-        chosen = {} if _chosen is None else _chosen  # which sampling each turn is, shared with prefix renders
+               add_generation_prompt: bool = True, *, kwargs: dict[str, Any] | None = None,
+               sampled_ids: Mapping[int, Sequence[int]] | None = None) -> RenderedPrompt:
+        """The conversation as token ids; `sampled_ids` gives, by message index, the ids an
+        assistant turn was sampled as (server/chat/sampled_turns.py decides which turn is which)."""
         text = self.text(messages, tools, add_generation_prompt, kwargs)
-        splices = [_Splice(i, t) for i, m in enumerate(messages) if m.get("role") == "assistant"
-                   and (t := self._sampled_turn(messages, i, tools, lookup, kwargs, chosen))]
+        splices = [_Splice(i, ids) for i, ids in sorted((sampled_ids or {}).items())
+                   if messages[i].get("role") == "assistant"]
         if not splices:
             return RenderedPrompt(self.encode(text))
         pieces = self._pieces(messages, tools, add_generation_prompt, kwargs, text, splices)
@@ -83,19 +71,6 @@ class Renderer:
             return RenderedPrompt(self.encode(text), rewritten_turns=len(splices),
                                   spliced={s.index: False for s in splices})
         return self._assemble(pieces, splices)
-
-    def _sampled_turn(self, messages: Sequence[dict[str, Any]], i: int, tools, lookup: TurnLookup,
-                      kwargs: dict[str, Any] | None, chosen: dict[int, Any]) -> SampledTurn | None:
-        """Which sampling message `i` is. When the same text was sampled after different prompts
-        (siblings in a group often agree), the one sampled from this conversation's prompt."""
-        if i not in chosen:
-            candidates = lookup(messages[i])
-            chosen[i] = candidates[0] if candidates else None
-            if len(candidates) > 1:
-                prompt = fingerprint(self.render(messages[:i], tools, True, lookup, kwargs, chosen).ids)
-                chosen[i] = next((c for c in candidates if c.record
-                                  and c.record["sampling"]["prompt_fingerprint"] == prompt), candidates[0])
-        return chosen[i]
 
     def _pieces(self, messages, tools, add_generation_prompt, kwargs, text: str,
                 splices: list[_Splice]) -> list[str] | None:
@@ -133,7 +108,7 @@ class Renderer:
         carry = ""  # a special token's text that precedes the next piece in the real text
         for k, s in enumerate(splices):
             out.ids += self._encode_after(carry, pieces[k])
-            sampled = list(s.turn.token_ids)
+            sampled = list(s.ids)
             ends = bool(sampled) and sampled[-1] in self.stop_ids
             end_text = self.tokenizer.decode([sampled[-1]]) if ends else ""
             said = self.tokenizer.decode(sampled[:-1] if ends else sampled)

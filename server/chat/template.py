@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 SENTINEL = "ARTISANPROBE{}Q"
+# A tool no template prints by accident: the probe that tells whether a template shows tools at all.
+PROBE_TOOL = {"type": "function", "function": {
+    "name": "artisan_probe_tool", "description": "ARTISANPROBETOOLQ",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
 
 
 class TemplateError(ValueError):
@@ -75,6 +79,7 @@ class ChatTemplate:
             self.source = self.source.get("default") or next(iter(self.source.values()))
         self.kwargs = dict(kwargs or {})
         self.format = self._probe()
+        self.renders_tools = self._renders_tools()
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
                add_generation_prompt: bool, kwargs: dict[str, Any] | None = None) -> str:
@@ -86,9 +91,16 @@ class ChatTemplate:
         except Exception as e:  # jinja's TemplateError, or the template's own raise_exception
             raise TemplateError(f"the chat template could not render this conversation: {e}") from e
 
-    @property
-    def mentions_tools(self) -> bool:
-        return "tools" in self.source
+    def _renders_tools(self) -> bool:
+        """Whether a request's `tools` reach the model: many templates (SmolLM2's, Gemma 3's) never
+        read the variable, and the tools would be dropped without a word."""
+        user = [{"role": "user", "content": "hi"}]
+        try:
+            without = self.render(user, None, True)
+            shown = self.render(user, [PROBE_TOOL], True)
+        except TemplateError:
+            return False
+        return shown != without and PROBE_TOOL["function"]["name"] in shown
 
     def _probe(self) -> TurnFormat:
         user = [{"role": "user", "content": "hi"}]

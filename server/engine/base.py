@@ -32,7 +32,7 @@ class Unsupported(ValueError):
 
 
 @dataclass
-class Sequence:
+class DecodeSequence:
     """One of a request's `n` samples, filled in as it decodes."""
 
     request: "GenRequest"
@@ -59,11 +59,11 @@ class GenRequest:
     emit: Emit = lambda kind, payload: None
     stream: bool = False
     cancelled: bool = False
-    sequences: list[Sequence] = field(default_factory=list)
+    sequences: list[DecodeSequence] = field(default_factory=list)
     id: int = field(default_factory=itertools.count().__next__)
 
 
-def record_token(seq: Sequence, token: int, logprob: float, top: list[tuple[int, float]] | None,
+def record_token(seq: DecodeSequence, token: int, logprob: float, top: list[tuple[int, float]] | None,
                  stop_ids: Collection[int], text_of: Callable[[list[int]], str]) -> None:
     """Append one sampled token to `seq` and decide whether it is done: a stop token (unless
     ignore_eos), a stop string in the decoded text, or max_tokens. Both engines end sequences
@@ -81,7 +81,7 @@ def record_token(seq: Sequence, token: int, logprob: float, top: list[tuple[int,
         seq.finish_reason = "length"
 
 
-def _hit_stop(seq: Sequence, text_of: Callable[[list[int]], str]) -> bool:
+def _hit_stop(seq: DecodeSequence, text_of: Callable[[list[int]], str]) -> bool:
     text = text_of(seq.token_ids)  # the text stop_text_end indexes
     hits = [text.find(stop) for stop in seq.request.params.stop if stop and stop in text]
     if hits:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from server.engine.base import EngineError, EngineFull, GenRequest, Sequence, record_token
+from server.engine.base import EngineError, EngineFull, GenRequest, DecodeSequence, record_token
 from server.engine.constraints import ConstraintState
 from server.engine.kv_cache import BatchKV
 from server.engine.sampling import sample
@@ -33,8 +33,8 @@ class TorchEngine:
         self.max_batch = max_batch
         self.max_waiting = max_waiting
         self.rows_per_request = max(1, max_batch // 2)
-        self._waiting: deque[Sequence] = deque()
-        self._rows: list[Sequence] = []
+        self._waiting: deque[DecodeSequence] = deque()
+        self._rows: list[DecodeSequence] = []
         self._kv: BatchKV | None = None
         self._cv = threading.Condition()
         self._stopped = False
@@ -59,7 +59,7 @@ class TorchEngine:
         with self._cv:
             if len(self._waiting) + req.n > self.max_waiting:
                 raise EngineFull(f"{len(self._waiting)} sequences are waiting (limit {self.max_waiting})")
-            req.sequences = [Sequence(req, i, generator=self._generator(req, i),
+            req.sequences = [DecodeSequence(req, i, generator=self._generator(req, i),
                                       constraint=req.params.constraint and ConstraintState(self.host.chat, req.params.constraint))
                              for i in range(req.n)]
             self._waiting.extend(req.sequences)
@@ -113,7 +113,7 @@ class TorchEngine:
                     req.emit("error", exc)
                 self._rows, self._kv = [], None
 
-    def _admit(self) -> list[Sequence]:
+    def _admit(self) -> list[DecodeSequence]:
         """Waiting sequences in arrival order, as rows allow, at most `rows_per_request` each."""
         free = self.max_batch - len(self._rows)
         held: dict[int, int] = {}
@@ -133,8 +133,8 @@ class TorchEngine:
         self._waiting.extendleft(reversed(deferred))
         return admitted
 
-    def _prefill(self, seqs: list[Sequence]) -> None:
-        by_length: dict[int, list[Sequence]] = {}
+    def _prefill(self, seqs: list[DecodeSequence]) -> None:
+        by_length: dict[int, list[DecodeSequence]] = {}
         for s in seqs:
             by_length.setdefault(len(s.request.prompt_ids), []).append(s)
         for length, group in by_length.items():
@@ -172,7 +172,7 @@ class TorchEngine:
         self._accept(self._rows, out.logits[:, -1, :])
         self._retire()
 
-    def _accept(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+    def _accept(self, seqs: list[DecodeSequence], logits: torch.Tensor) -> None:
         """Sample one token per row, record it, and decide whether the row is done. A row whose
         logits are not finite (a poisoned adapter) fails alone; its batch-mates sample as usual."""
         finite = torch.isfinite(logits).all(dim=-1).tolist()
@@ -191,13 +191,13 @@ class TorchEngine:
         for j, s in enumerate(rows):
             self._record(s, tokens[j], lps[j], tops[j] if tops else None)
 
-    def _allowed(self, rows: list[Sequence], vocab: int) -> torch.Tensor | None:
+    def _allowed(self, rows: list[DecodeSequence], vocab: int) -> torch.Tensor | None:
         if not any(s.constraint for s in rows):
             return None
         every = torch.ones(vocab, dtype=torch.bool)
         return torch.stack([s.constraint.allowed(vocab) if s.constraint else every for s in rows]).to(self.host.device)
 
-    def _record(self, s: Sequence, token: int, logprob: float, top: tuple[list, list] | None) -> None:
+    def _record(self, s: DecodeSequence, token: int, logprob: float, top: tuple[list, list] | None) -> None:
         if s.constraint is not None:
             s.constraint.advance(token)
         record_token(s, token, logprob, list(zip(*top)) if top else None, self.host.chat.stop_ids, self.text_of)

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 from safetensors.torch import save_file
 
-from server.engine.base import EngineError, EngineFull, GenRequest, Sequence, Unsupported, record_token
+from server.engine.base import EngineError, EngineFull, GenRequest, DecodeSequence, Unsupported, record_token
 from server.engine.sampling import SamplingParams
 from server.engine.vllm_process import BASE_NAME, VllmServer
 from server.model_host import ModelHost
@@ -99,7 +99,7 @@ class VllmEngine:
             if self._waiting + req.n > self.max_waiting:
                 raise EngineFull(f"{self._waiting} sequences are waiting (limit {self.max_waiting})")
             self._waiting += req.n
-        req.sequences = [Sequence(req, i) for i in range(req.n)]
+        req.sequences = [DecodeSequence(req, i) for i in range(req.n)]
         asyncio.run_coroutine_threadsafe(self._request(req), self._loop)
 
     @property
@@ -138,7 +138,7 @@ class VllmEngine:
         own_rows = asyncio.Semaphore(self.rows_per_request)
         await asyncio.gather(*(self._sequence(req, seq, own_rows) for seq in req.sequences))
 
-    async def _sequence(self, req: GenRequest, seq: Sequence, own_rows: asyncio.Semaphore) -> None:
+    async def _sequence(self, req: GenRequest, seq: DecodeSequence, own_rows: asyncio.Semaphore) -> None:
         async with own_rows, self._rows:
             with self._lock:
                 self._waiting -= 1
@@ -161,7 +161,7 @@ class VllmEngine:
         req.emit("finished", seq)
 
     @staticmethod
-    async def _until_cancelled(req: GenRequest, seq: Sequence, stream: Any) -> None:
+    async def _until_cancelled(req: GenRequest, seq: DecodeSequence, stream: Any) -> None:
         """Run the stream, closing it as soon as the request is cancelled (even before vLLM has
         sent its first token): vLLM aborts a request whose connection closes."""
         task = asyncio.ensure_future(stream)
@@ -173,7 +173,7 @@ class VllmEngine:
         if not task.cancelled():
             task.result()
 
-    def _body(self, req: GenRequest, seq: Sequence) -> dict[str, Any]:
+    def _body(self, req: GenRequest, seq: DecodeSequence) -> dict[str, Any]:
         p = req.params
         body = {"model": req.policy.adapter or BASE_NAME, "prompt": req.prompt_ids, "max_tokens": p.max_tokens,
                 "temperature": p.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
@@ -185,7 +185,7 @@ class VllmEngine:
             body["stop_token_ids"] = sorted(self.host.chat.stop_ids)
         return body
 
-    async def _stream(self, req: GenRequest, seq: Sequence) -> None:
+    async def _stream(self, req: GenRequest, seq: DecodeSequence) -> None:
         assert self._client is not None
         async with self._client.stream("POST", "/v1/completions", json=self._body(req, seq)) as resp:
             if resp.status_code != 200:
@@ -200,7 +200,7 @@ class VllmEngine:
                     if self._accept(req, seq, choice):
                         return  # closing the stream early (a stop string) aborts the rest in vLLM
 
-    def _accept(self, req: GenRequest, seq: Sequence, choice: dict[str, Any]) -> bool:
+    def _accept(self, req: GenRequest, seq: DecodeSequence, choice: dict[str, Any]) -> bool:
         """Record one chunk's tokens; True once the sequence is done."""
         ids = choice.get("token_ids") or []
         lp = choice.get("logprobs") or {}

@@ -8,13 +8,12 @@ so a multi-turn rollout costs one forward pass; a turn whose prompt does not ext
 (the template rewrote history) starts a sequence of its own, with the same advantage.
 
 A Choice that lost its token ids on the way (a streamed choice rebuilt by the client, litellm's
-rebuilt choices) is matched to what this server sampled, by its content and then by the prompt
-fingerprint; one the server never sampled is context, counted.
+rebuilt choices) is matched to what this server sampled (server/chat/sampled_turns.py, the same
+code that splices turns into prompts); one the server never sampled is context, counted.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -24,7 +23,8 @@ from protocol.choices import (SamplingInfo, as_message, check_choice_numbers, ch
                               choice_token_ids)
 from protocol.trajectory import Conversation, History, TrajectoryGroup
 from server.chat.format import ChatFormat
-from server.chat.render import RenderedPrompt, fingerprint
+from server.chat.render import RenderedPrompt
+from server.chat.sampled_turns import fingerprint
 from server.chat.template import TemplateError
 from server.chat.validate import RenderError
 
@@ -116,26 +116,19 @@ def _resolve(choice: Choice, messages: list[dict[str, Any]], idx: int, tools: An
              ) -> tuple[SampledChoice | None, RenderedPrompt | None]:
     """The turn as sampled, and the prompt rebuilt for it: the choice's own record, or, for a
     choice that lost it, what this server sampled with that text after that very prompt."""
-    def prompt(kwargs: dict[str, Any] | None) -> RenderedPrompt:
-        try:
-            return chat.renderer.render(messages[:idx], tools, True, chat.turns.lookup, kwargs)
-        except (RenderError, TemplateError) as e:
-            raise AssemblyError(f"messages before choice {idx}: {e}")
-
     ids, lps, info = choice_token_ids(choice), choice_logprobs(choice), choice_sampling(choice)
-    if ids is not None and lps is not None and info is not None:
-        return SampledChoice(ids, lps, info), prompt(info.model_extra.get("chat_template_kwargs"))
-    candidates = [c for c in chat.turns.lookup({k: v for k, v in messages[idx].items() if k != "token_ids"})
-                  if c.record is not None]
-    rebuilt: dict[str, RenderedPrompt] = {}
-    for c in candidates:  # newest first; the first sampled after this prompt is the one
-        kwargs = c.record["sampling"].get("chat_template_kwargs")
-        p = rebuilt.setdefault(json.dumps(kwargs, sort_keys=True), prompt(kwargs))
-        if fingerprint(p.ids) == c.record["sampling"]["prompt_fingerprint"] or c is candidates[-1]:
-            # no match at all: the newest is taken, and the fingerprint check will not train it
-            sampling = SamplingInfo.model_validate(c.record["sampling"])
-            return SampledChoice(list(c.token_ids), list(c.record["logprobs"]), sampling, recovered=True), p
-    return None, None
+    try:
+        if ids is not None and lps is not None and info is not None:
+            return SampledChoice(ids, lps, info), chat.turns.prompt(messages[:idx], tools,
+                                                                     info.model_extra.get("chat_template_kwargs"))
+        found = chat.turns.recover(messages, idx, tools)
+    except (RenderError, TemplateError) as e:
+        raise AssemblyError(f"messages before choice {idx}: {e}")
+    if found is None:
+        return None, None
+    turn, prompt = found
+    sampling = SamplingInfo.model_validate(turn.record["sampling"])
+    return SampledChoice(list(turn.token_ids), list(turn.record["logprobs"]), sampling, recovered=True), prompt
 
 
 def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = False

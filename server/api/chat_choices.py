@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from server.chat.format import ChatFormat, assistant_message
-from server.chat.render import fingerprint
-from server.chat.turns import SampledTurn
-from server.engine.base import Sequence
+from server.chat.sampled_turns import SampledTurn, fingerprint
+from server.engine.base import DecodeSequence
 from server.engine.sampling import SamplingParams
 from server.model_host import ModelHost
 from server.serving import Policy
@@ -69,12 +68,12 @@ def sampling_info(host: ModelHost, policy: Policy, params: SamplingParams, promp
     return info
 
 
-def output_text(chat: ChatFormat, seq: Sequence) -> str:
+def output_text(chat: ChatFormat, seq: DecodeSequence) -> str:
     text = chat.text(seq.token_ids)
     return text[: seq.stop_text_end] if seq.stop_text_end is not None else text
 
 
-def message_and_finish(chat: ChatFormat, seq: Sequence, tools_enabled: bool) -> tuple[dict[str, Any], str, bool]:
+def message_and_finish(chat: ChatFormat, seq: DecodeSequence, tools_enabled: bool) -> tuple[dict[str, Any], str, bool]:
     parsed = chat.parse(output_text(chat, seq), tools_enabled)
     finish = seq.finish_reason or "stop"
     if parsed.tool_calls and finish == "stop":
@@ -82,13 +81,14 @@ def message_and_finish(chat: ChatFormat, seq: Sequence, tools_enabled: bool) -> 
     return assistant_message(parsed), finish, parsed.malformed
 
 
-def remember(chat: ChatFormat, message: dict[str, Any], seq: Sequence, sampling: dict[str, Any]) -> None:
+def remember(chat: ChatFormat, message: dict[str, Any], seq: DecodeSequence, sampling: dict[str, Any]) -> None:
     """The turn as sampled, so the next prompt can splice its exact ids and a training job can
     recover them from a choice that lost them."""
-    chat.turns.put(message, SampledTurn(tuple(seq.token_ids), {"logprobs": list(seq.logprobs), "sampling": sampling}))
+    record = {"logprobs": list(seq.logprobs), "sampling": sampling}
+    chat.turns.remember(message, SampledTurn(tuple(seq.token_ids), record))
 
 
-def build_choice(host: ModelHost, seq: Sequence, sampling: dict[str, Any], tools_enabled: bool) -> dict[str, Any]:
+def build_choice(host: ModelHost, seq: DecodeSequence, sampling: dict[str, Any], tools_enabled: bool) -> dict[str, Any]:
     message, finish, malformed = message_and_finish(host.chat, seq, tools_enabled)
     remember(host.chat, message, seq, sampling)
     choice = {"index": seq.index, "message": message, "finish_reason": finish,
