@@ -8,7 +8,7 @@ from typing import Callable, Protocol
 
 import httpx
 
-from protocol.turns import Item
+from exporters.flatten import Item
 
 
 class ExportConfigError(ValueError):
