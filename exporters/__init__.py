@@ -1,12 +1,12 @@
 """Trajectory exporters: Langfuse (its SDK), Weave and OpenPipe (their HTTP APIs, with httpx).
 
-art-server's `--export` queues each step's trajectories to them (server/export); a laptop calls
+art-server's `--export` queues each step's trajectories to them (server/export_queue.py); a laptop calls
 them directly:
 
     from exporters import export_groups
     export_groups(groups, to="langfuse", run="my-run", step=3)   # reads LANGFUSE_* from the env
 
-The Langfuse SDK is imported only when that exporter is made (`pip install 'artisan[export]'`).
+The Langfuse SDK is imported only when that exporter is made (`pip install -e '.[export]'`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from exporters.base import ExportConfigError, Exporter, Outcome
 from protocol.trajectory import TrajectoryGroup
-from protocol.turns import items
+from exporters.flatten import items
 
 EXPORTERS = ("langfuse", "weave", "openpipe")
 

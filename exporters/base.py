@@ -8,7 +8,7 @@ from typing import Callable, Protocol
 
 import httpx
 
-from protocol.turns import Item
+from exporters.flatten import Item
 
 
 class ExportConfigError(ValueError):
@@ -65,4 +65,4 @@ def require(value: str | None, what: str, exporter: str) -> str:
 
 
 def missing_sdk(package: str, exporter: str) -> ExportConfigError:
-    return ExportConfigError(f"the {exporter} exporter needs the `{package}` package: pip install 'artisan[export]'")
+    return ExportConfigError(f"the {exporter} exporter needs the `{package}` package: pip install -e '.[export]'")

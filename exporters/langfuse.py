@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 from exporters.base import ExportConfigError, Outcome, env, missing_sdk, require
-from protocol.turns import Item, initial_messages, turns
+from exporters.flatten import Item, initial_messages, turns
 
 CHUNK = 32  # trajectories between flushes: bounds what the SDK's span queue holds (it drops silently past 2048)
 # The SDK keeps one set of resources per public key for the whole process (a second client with the

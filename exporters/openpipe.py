@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from exporters.base import Outcome, env, require, send_each
-from protocol.turns import Item, Turn, turns
+from exporters.flatten import Item, Turn, turns
 
 DEFAULT_BASE_URL = "https://api.openpipe.ai/api/v1"
 

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from exporters.base import ExportConfigError, Outcome, env, require, send_each
-from protocol.turns import Item, initial_messages, turns
+from exporters.flatten import Item, initial_messages, turns
 
 DEFAULT_URL = "https://trace.wandb.ai"
 

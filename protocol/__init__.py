@@ -1,8 +1,8 @@
 """The floor: the protocol the client, rollouts, rewards, exporters and the server all share.
 
 Wire types (trajectories, configs, jobs, step figures), the helpers that read what the server
-attaches to a sampled turn, the one retry policy, and the trajectory-as-turns view the exporters
-send. Imports nothing from the packages above it, and never torch.
+attaches to a sampled turn, and the one retry policy. Imports nothing from the packages above it,
+and never torch.
 """
 
 from protocol.choices import (Message, MessageOrChoice, SamplingInfo, as_message, choice_logprobs,

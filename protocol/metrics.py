@@ -17,7 +17,9 @@ class StepMetrics(BaseModel):
     # what was submitted
     groups_total: int = 0
     groups_trainable: int = 0
-    groups_dropped_constant: int = 0
+    groups_dropped_constant: int = 0  # two or more rollouts, every one scored the same
+    groups_dropped_single: int = 0  # one rollout: group-relative advantages need two
+    groups_dropped_failed: int = 0  # every rollout failed (exceptions only)
     trajectories_total: int = 0
     trajectories_excluded: int = 0  # rollouts that failed for infrastructure reasons (never scored)
     reward_mean: float | None = None

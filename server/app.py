@@ -11,8 +11,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from server import export
-from server.api import errors, export_routes, limits, openai_routes, training_routes, ui_routes
+from server import export_queue
+from server.api import (errors, exporter_routes, jsonl_routes, limits, openai_routes, training_routes,
+                        ui_routes)
 from server.api.deps import ServerState
 from server.data_lock import lock_data_dir
 from server.model_host import ChatOptions, ModelHost
@@ -63,15 +64,15 @@ def make_engine(settings: Settings, host: ModelHost) -> Any:
 
 def build_state(settings: Settings) -> ServerState:
     lock_data_dir(Path(settings.data_dir))  # before anything is loaded: a second server stops at once
-    exports = export.build(settings)  # None unless --export asks; early, so a bad one stops start-up at once
+    queue = export_queue.build(settings)  # None unless --export asks; early, so a bad one stops start-up at once
     host = load_model(settings)
     engine = make_engine(settings, host)
     served = ServedModels(host.name, host.aliases)
     data_dir = Path(settings.data_dir)
     store = Store(data_dir / "artisan.sqlite")
     runs = RunManager(host, engine, served, data_dir)
-    jobs = JobManager(runs, store, exports, settings.keep_trajectory_steps, settings.job_time_limit)
-    return ServerState(settings, host, engine, served, runs, store, jobs, exports)
+    jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, settings.job_time_limit)
+    return ServerState(settings, host, engine, served, runs, store, jobs, queue)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -87,8 +88,8 @@ def create_app(settings: Settings) -> FastAPI:
         yield
         state.engine.stop()
         state.jobs.stop()
-        if state.exports is not None:
-            state.exports.close()
+        if state.export_queue is not None:
+            state.export_queue.close()
 
     app = FastAPI(title="art-server", lifespan=lifespan)
     app.state.settings = settings
@@ -105,5 +106,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(training_routes.router)
     app.include_router(ui_routes.router)
-    app.include_router(export_routes.router)
+    app.include_router(jsonl_routes.router)
+    app.include_router(exporter_routes.router)
     return app

@@ -62,7 +62,7 @@ def serve(
                                                          "(step metrics are always kept). Default: keep all."),
     export: list[str] = typer.Option([], "--export", envvar="ARTISAN_EXPORT",
                                      help="Send trajectories to langfuse, weave or openpipe (repeat, or comma-separate); "
-                                          "each reads its keys from its own environment variables (see server/export)."),
+                                          "each reads its keys from its own environment variables (see exporters/)."),
     export_timeout: float = typer.Option(10.0, help="Seconds an exporter's request may take before it counts as failed."),
     export_queue: int = typer.Option(16, help="Batches (steps) an exporter may have waiting; more are dropped and counted."),
     log_level: str = typer.Option("info", help=", ".join(LOG_LEVELS)),

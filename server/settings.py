@@ -45,7 +45,7 @@ class Settings(BaseModel):
     job_time_limit: float = 6 * 3600.0  # seconds a training job may run before it is stopped
     # Retention: trajectories of only the newest N steps per run are kept (None: all of them).
     keep_trajectory_steps: int | None = None
-    # Optional trajectory exporters (server/export): langfuse, weave, openpipe; off when empty.
+    # Optional trajectory exporters (exporters/, queued by server/export_queue.py): langfuse, weave, openpipe; off when empty.
     export: list[str] = []
     export_timeout: float = 10.0
     export_queue: int = 16

@@ -1,7 +1,8 @@
 """The run store: SQLite (WAL) in the data directory.
 
-Runs, steps with their metrics and warnings, jobs and their events, and every trajectory trained
-or logged with token ids and logprobs. One connection guarded by a lock; writes are small
+Runs, steps with their metrics and warnings, every step attempt (trained or not: the record of
+a run that does not learn), jobs and their events, and every trajectory trained or logged with
+token ids and logprobs. One connection guarded by a lock; writes are small
 transactions, so a crash loses at most the step in flight.
 """
 
@@ -36,7 +37,21 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN attempt_from INTEGER DEFAULT 0;
     ALTER TABLE steps ADD COLUMN pending INTEGER DEFAULT 0;
     """,
+    # 3: every step attempt, trained or not; the steps a store already holds were trained attempts
+    """
+    CREATE TABLE attempts (run TEXT, attempt INTEGER, job_id TEXT, step INTEGER, kind TEXT, trained INTEGER,
+                           outcome TEXT, warnings TEXT, metrics TEXT, created REAL, pending INTEGER DEFAULT 0,
+                           PRIMARY KEY (run, attempt));
+    INSERT INTO attempts (run, attempt, job_id, step, kind, trained, outcome, warnings, metrics, created, pending)
+        SELECT run, ROW_NUMBER() OVER (PARTITION BY run ORDER BY step), NULL, step, kind, 1, 'trained',
+               warnings, metrics, created, pending FROM steps;
+    """,
 ]
+# How an attempt ended. Only "trained" advanced the run; "untrained" had nothing to train (its
+# warnings say why); "interrupted" was being committed when the server stopped, before its checkpoint.
+OUTCOMES = ("trained", "untrained", "failed", "cancelled", "interrupted")
+INTERRUPTED = ("The server stopped before this step's checkpoint was written, so the step did not happen; "
+               "its job was interrupted and trains it again when resubmitted.")
 
 
 class Store:
@@ -89,34 +104,59 @@ class Store:
 
     def put_step(self, run: str, step: int, kind: str, metrics: dict[str, Any], warnings: list[str],
                  trajectories: list[tuple[int, int, float, dict[str, Any]]], split: str = "train",
-                 pending: bool = False) -> None:
-        """A step's metrics and its trajectories in one transaction. A pending step is one whose
-        checkpoint is being written: `confirm_step` or `settle_pending` decides it."""
+                 pending: bool = False, job_id: str | None = None) -> None:
+        """A trained step: its metrics, its trajectories and its attempt, in one transaction. A
+        pending step is one whose checkpoint is being written: `confirm_step` or `settle_pending`
+        decides it."""
         now = time.time()
         stmts = [("INSERT OR REPLACE INTO steps (run, step, kind, metrics, warnings, created, pending) "
                   "VALUES (?, ?, ?, ?, ?, ?, ?)",
                   (run, step, kind, _dumps(metrics), json.dumps(warnings), now, int(pending))),
-                 ("DELETE FROM trajectories WHERE run = ? AND step = ? AND split = ?", (run, step, split))]
+                 ("DELETE FROM trajectories WHERE run = ? AND step = ? AND split = ?", (run, step, split)),
+                 _attempt_insert(run, step, kind, job_id, "trained", metrics, warnings, now, pending)]
         stmts += [("INSERT INTO trajectories (run, step, split, group_index, traj_index, reward, data, created) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run, step, split, g, t, r, _dumps(d), now))
                   for g, t, r, d in trajectories]
         self._write(stmts)
 
-    def confirm_step(self, run: str, step: int) -> None:
-        self._write([("UPDATE steps SET pending = 0 WHERE run = ? AND step = ?", (run, step))])
+    def put_attempt(self, run: str, step: int, kind: str, job_id: str | None, outcome: str,
+                    metrics: dict[str, Any], warnings: list[str]) -> None:
+        """An attempt that did not advance the run (`step` is the step it would have been)."""
+        if outcome not in OUTCOMES or outcome == "trained":
+            raise ValueError(f"not an outcome of an attempt that did not train: {outcome!r}")
+        self._write([_attempt_insert(run, step, kind, job_id, outcome, metrics, warnings, time.time(), False)])
 
-    def settle_pending(self, run: str, checkpointed: set[int]) -> None:
-        """After a crash: a pending step whose checkpoint exists happened; one whose does not did not."""
+    def confirm_step(self, run: str, step: int) -> None:
+        self._write([("UPDATE steps SET pending = 0 WHERE run = ? AND step = ?", (run, step)),
+                     ("UPDATE attempts SET pending = 0 WHERE run = ? AND step = ? AND pending = 1", (run, step))])
+
+    def settle_pending(self, run: str, checkpointed: set[int], outcome: str = "interrupted",
+                       why: str = INTERRUPTED) -> None:
+        """A pending step whose checkpoint exists happened; one whose does not did not, and its
+        attempt keeps `outcome` and `why` (after a crash: interrupted; after an error: the error)."""
         pending = [r["step"] for r in self._rows("SELECT step FROM steps WHERE run = ? AND pending = 1", (run,))]
         stmts: list[tuple[str, tuple]] = []
         for step in pending:
             if step in checkpointed:
-                stmts.append(("UPDATE steps SET pending = 0 WHERE run = ? AND step = ?", (run, step)))
+                stmts += [("UPDATE steps SET pending = 0 WHERE run = ? AND step = ?", (run, step)),
+                          ("UPDATE attempts SET pending = 0 WHERE run = ? AND step = ? AND pending = 1", (run, step))]
             else:
                 stmts += [("DELETE FROM steps WHERE run = ? AND step = ?", (run, step)),
-                          ("DELETE FROM trajectories WHERE run = ? AND step = ? AND split = 'train'", (run, step))]
+                          ("DELETE FROM trajectories WHERE run = ? AND step = ? AND split = 'train'", (run, step)),
+                          ("UPDATE attempts SET pending = 0, trained = 0, outcome = ?, "
+                           "warnings = json_insert(warnings, '$[#]', ?) WHERE run = ? AND step = ? AND pending = 1",
+                           (outcome, why, run, step))]
         if stmts:
             self._write(stmts)
+
+    def attempts(self, run: str) -> list[dict[str, Any]]:
+        """Every attempt at a step of `run`, oldest first."""
+        rows = self._rows("SELECT attempt, job_id, step, kind, trained, outcome, warnings, metrics, created, pending "
+                          "FROM attempts WHERE run = ? ORDER BY attempt", (run,))
+        for r in rows:
+            r["trained"], r["pending"] = bool(r["trained"]), bool(r["pending"])
+            r["metrics"], r["warnings"] = json.loads(r["metrics"]), json.loads(r["warnings"])
+        return rows
 
     def put_trajectories(self, run: str, step: int, split: str,
                          trajectories: list[tuple[int, int, float, dict[str, Any]]]) -> None:
@@ -244,6 +284,15 @@ class Store:
     def events(self, job_id: str, after: int = -1) -> list[dict[str, Any]]:
         rows = self._rows("SELECT seq, type, data FROM job_events WHERE job_id = ? AND seq > ? ORDER BY seq", (job_id, after))
         return [{"seq": r["seq"], "type": r["type"], "data": json.loads(r["data"])} for r in rows]
+
+
+def _attempt_insert(run: str, step: int, kind: str, job_id: str | None, outcome: str, metrics: dict[str, Any],
+                    warnings: list[str], now: float, pending: bool) -> tuple[str, tuple]:
+    # The attempt number is the run's next, taken inside the write's transaction.
+    return ("INSERT INTO attempts (run, attempt, job_id, step, kind, trained, outcome, warnings, metrics, created, "
+            "pending) SELECT ?, COALESCE(MAX(attempt), 0) + 1, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM attempts WHERE run = ?",
+            (run, job_id, step, kind, int(outcome == "trained"), outcome, json.dumps(warnings), _dumps(metrics), now,
+             int(pending), run))
 
 
 def trajectory_rows(groups: list[Any]) -> list[tuple[int, int, float, dict[str, Any]]]:

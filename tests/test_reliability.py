@@ -83,11 +83,22 @@ def test_sigkill_at_every_point_of_a_step_leaves_it_whole_or_absent(tmp_path, gr
             if job_id is not None:
                 job = _get(srv.url, f"/v1/jobs/{job_id}")
                 assert job["status"] == ("succeeded" if run["step"] == step else "interrupted"), (point, job)
+            _attempts_match_steps(srv.url, point)
             # the client's retry finishes the step once, and reads a finished job as finished
             result = asyncio.run(_train(srv.url, groups, key))
             assert result.step == step and _get(srv.url, "/v1/runs/crashy")["step"] == step, point
             rows = _get(srv.url, "/v1/runs/crashy/trajectories", step=step, split="train")["data"]
             assert len(rows) == n_trajectories, point
+            _attempts_match_steps(srv.url, point)
+
+
+def _attempts_match_steps(url: str, point: str) -> None:
+    """Each step is one trained attempt; an attempt the crash cut short is settled, never left pending."""
+    attempts = _get(url, "/ui/api/runs/crashy/attempts")["data"]
+    steps = [s["step"] for s in _get(url, "/v1/runs/crashy")["steps"]]
+    assert [a["step"] for a in attempts if a["trained"]] == steps, (point, attempts)
+    assert not any(a["pending"] for a in attempts), (point, attempts)
+    assert {a["outcome"] for a in attempts if not a["trained"]} <= {"interrupted"}, (point, attempts)
 
 
 async def _train(url: str, groups, key: str):
@@ -220,6 +231,8 @@ def test_a_job_can_be_cancelled_and_another_runs_job_then_goes_ahead(server, gro
         assert result.step == 1
         assert (await slow.request("GET", f"/v1/jobs/{job}"))["status"] == "cancelled"
         assert await slow.get_step() == 0  # the cancelled step never landed
+        [attempt] = (await slow.request("GET", "/ui/api/runs/slow/attempts"))["data"]
+        assert (attempt["outcome"], attempt["trained"], attempt["job_id"]) == ("cancelled", False, job)
     asyncio.run(go())
 
 
@@ -246,6 +259,10 @@ def test_a_non_finite_update_is_rolled_back_and_never_served(server, groups):
             resp = await client.chat.completions.create(model="blowup", messages=[{"role": "user", "content": "hi"}],
                                                         max_tokens=4)
         assert all(math.isfinite(e.logprob) for e in resp.choices[0].logprobs.content)
+        # the attempt is kept, with the figures of the update that was rolled back
+        [attempt] = (await model.request("GET", "/ui/api/runs/blowup/attempts"))["data"]
+        assert (attempt["outcome"], attempt["trained"], attempt["step"]) == ("failed", False, 1)
+        assert "non-finite" in attempt["warnings"][-1] and attempt["metrics"]["optimizer_steps"] > 0
     asyncio.run(go())
 
 

@@ -4,6 +4,8 @@ import json
 import math
 import sqlite3
 
+import pytest
+
 from server.store import MIGRATIONS, Store
 
 
@@ -40,3 +42,55 @@ def test_retention_keeps_newest_steps_and_all_metrics(tmp_path):
     assert sorted({t["step"] for t in store.trajectories("r")}) == [4, 5]
     assert [s["step"] for s in store.steps("r")] == [1, 2, 3, 4, 5]  # metrics are kept
     assert len(store.trajectories("other")) == 1
+
+
+def test_every_attempt_is_kept_in_order_trained_or_not(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    store.put_attempt("r", 1, "rl", "job-a", "untrained", {"groups_total": 2}, ["All 2 groups had the same reward"])
+    store.put_step("r", 1, "rl", {"groups_total": 2, "trained": True}, [], [(0, 0, 1.0, _traj(1.0))], job_id="job-b")
+    store.put_attempt("other", 1, "rl", "job-c", "failed", {}, ["boom"])
+    got = store.attempts("r")
+    assert [(a["attempt"], a["step"], a["trained"], a["outcome"], a["job_id"]) for a in got] == [
+        (1, 1, False, "untrained", "job-a"), (2, 1, True, "trained", "job-b")]
+    assert got[0]["warnings"] == ["All 2 groups had the same reward"] and got[0]["metrics"] == {"groups_total": 2}
+    assert [a["attempt"] for a in store.attempts("other")] == [1]  # numbered per run
+    with pytest.raises(ValueError):  # a trained attempt comes with its step (put_step), never alone
+        store.put_attempt("r", 2, "rl", "job-d", "trained", {}, [])
+
+
+def test_a_pending_step_settles_its_attempt_with_it(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    store.put_step("r", 1, "rl", {}, [], [(0, 0, 1.0, _traj(1.0))], pending=True, job_id="job-a")
+    assert store.attempts("r")[0]["pending"] and store.steps("r") == []
+    store.settle_pending("r", checkpointed={1})  # its checkpoint was written: it happened
+    assert [s["step"] for s in store.steps("r")] == [1]
+    assert store.attempts("r")[0]["pending"] is False and store.attempts("r")[0]["trained"] is True
+
+    store.put_step("r", 2, "rl", {}, ["a warning"], [(0, 0, 1.0, _traj(1.0))], pending=True, job_id="job-b")
+    store.settle_pending("r", checkpointed={1})  # its checkpoint was never written: it did not happen
+    assert [s["step"] for s in store.steps("r")] == [1] and store.trajectories("r", step=2) == []
+    lost = store.attempts("r")[1]
+    assert (lost["trained"], lost["pending"], lost["outcome"]) == (False, False, "interrupted")
+    assert lost["warnings"][0] == "a warning" and "checkpoint was written" in lost["warnings"][1]
+
+    store.put_step("r", 2, "rl", {}, [], [], pending=True, job_id="job-c")
+    store.confirm_step("r", 2)
+    assert [(a["outcome"], a["pending"]) for a in store.attempts("r")][2] == ("trained", False)
+
+
+def test_a_store_from_before_attempts_lists_its_steps_as_trained_attempts(tmp_path):
+    path = tmp_path / "s.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("CREATE TABLE schema_version (version INTEGER)")
+    db.execute("INSERT INTO schema_version VALUES (2)")
+    for sql in MIGRATIONS[:2]:
+        for statement in (s for s in sql.split(";") if s.strip()):
+            db.execute(statement)
+    for step in (1, 2):
+        db.execute("INSERT INTO steps (run, step, kind, metrics, warnings, created, pending) VALUES (?, ?, ?, ?, ?, ?, 0)",
+                   ("old", step, "rl", json.dumps({"reward_mean": step / 4}), json.dumps([]), float(step)))
+    db.close()
+    got = Store(path).attempts("old")
+    assert [(a["attempt"], a["step"], a["trained"], a["outcome"]) for a in got] == [(1, 1, True, "trained"),
+                                                                                   (2, 2, True, "trained")]
+    assert got[1]["metrics"] == {"reward_mean": 0.5}

@@ -16,8 +16,10 @@ from server.training.hyperparams import learning_rate_for
 
 def test_constant_groups_are_dropped_not_trained():
     assert group_advantages([1, 1, 1, 1]).advantages is None
-    assert group_advantages([0.1, 0.1, 0.1]).advantages is None
+    assert group_advantages([0.1, 0.1, 0.1]).dropped == "constant"
     assert group_advantages([0.5]).advantages is None  # one rollout: nothing to compare with
+    assert group_advantages([0.5]).dropped == "single" and group_advantages([]).dropped == "empty"
+    assert group_advantages([0.0, 1.0]).dropped is None
 
 
 def test_float_noise_is_not_signal():
@@ -168,3 +170,25 @@ def test_a_collapse_is_told_from_a_solved_task():
     # a step that itself had no signal is no evidence that the policy was working
     assert not any("collapse" in w for w in step_warnings({**no_signal, "reward_mean": 0.0},
                                                           {"groups_trainable": 0, "reward_mean": 0.5}))
+
+
+def test_a_group_of_one_is_told_apart_from_constant_rewards():
+    alone = step_warnings({"groups_total": 2, "groups_dropped_single": 2, "trainable_tokens": 0, "choices": 4})
+    assert len(alone) == 1 and health.SINGLE_TRAJECTORY in alone[0] and "Nothing was trained" in alone[0]
+    assert not any("same reward" in w or "No trainable tokens" in w for w in alone)
+    # with constant groups beside it, each says its own reason, and neither blames the tokens
+    mixed = step_warnings({"groups_total": 3, "groups_dropped_single": 1, "groups_dropped_constant": 2,
+                           "trainable_tokens": 0, "choices": 4})
+    assert [w.split(" ")[:3] for w in mixed] == [["1", "of", "3"], ["The", "other", "2"]]
+    assert health.SINGLE_TRAJECTORY in mixed[0] and "same reward" in mixed[1]
+    # a single group among trainable ones still gets named; the step trained on the rest
+    some = step_warnings({"groups_total": 4, "groups_dropped_single": 1, "groups_trainable": 3, "trainable_tokens": 9,
+                          "trained": 1, "lora_update_norm": 0.1})
+    assert len(some) == 1 and some[0].startswith("1 of 4 groups had one trajectory")
+
+
+def test_rollouts_that_all_failed_are_not_called_constant_rewards():
+    w = step_warnings({"groups_total": 2, "groups_dropped_failed": 2, "trajectories_total": 0,
+                       "trajectories_excluded": 6, "trainable_tokens": 0})
+    assert w == ["All 6 rollouts failed with errors and were excluded: nothing was left to train on. "
+                 "Check the server, tools or judge."]

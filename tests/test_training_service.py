@@ -53,6 +53,32 @@ def test_constant_rewards_train_nothing_and_say_so(server):
     asyncio.run(go())
 
 
+def test_every_attempt_is_stored_with_why_it_trained_or_not(server):
+    """Rollouts that all failed, groups of one, then a step that trains: three attempts, in order,
+    each with the warnings its job returned; only the last one is a step."""
+    async def go():
+        model = await TrainableModel("attempts").register(server.url)
+        failed = [TrajectoryGroup(trajectories=[], exceptions=["APIConnectionError: down"] * 2) for _ in range(2)]
+        lost = await model.train(failed)
+        groups = _with_rewards(await _groups(model, 2, 2, seed=9), [[0.0, 1.0], [1.0, 0.0]])
+        alone = await model.train([TrajectoryGroup(trajectories=g.trajectories[:1]) for g in groups])
+        trained = await model.train(groups, TrainConfig(learning_rate=1e-4))
+        attempts = (await model.request("GET", "/ui/api/runs/attempts/attempts"))["data"]
+        return lost, alone, trained, attempts
+
+    lost, alone, trained, attempts = asyncio.run(go())
+    assert lost.warnings == ["All 4 rollouts failed with errors and were excluded: nothing was left to train on. "
+                             "Check the server, tools or judge."]
+    assert lost.metrics.groups_dropped_failed == 2 and lost.metrics.groups_dropped_constant == 0
+    assert alone.metrics.groups_dropped_single == 2 and not any("same reward" in w for w in alone.warnings)
+    assert any("a group of one trajectory cannot train" in w for w in alone.warnings)
+    assert [(a["attempt"], a["step"], a["trained"], a["outcome"]) for a in attempts] == [
+        (1, 1, False, "untrained"), (2, 1, False, "untrained"), (3, 1, True, "trained")]
+    assert [a["warnings"] for a in attempts] == [lost.warnings, alone.warnings, trained.warnings]
+    assert [a["job_id"] for a in attempts] == [lost.job_id, alone.job_id, trained.job_id]
+    assert attempts[2]["metrics"]["lora_update_norm"] == trained.metrics.lora_update_norm > 0
+
+
 def test_a_collapse_is_named_by_the_step_that_suffers_it(server):
     """A step with signal, then one where every rollout fails alike: what a policy broken by its last
     update looks like (seen at lr 3e-3: every tool call malformed). The second step says so."""

@@ -10,13 +10,14 @@ import asyncio
 import json
 import math
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from client import TrainableModel, Trajectory, TrajectoryGroup
+from client import TrainableModel, TrainResult, Trajectory, TrajectoryGroup
 from conftest import ROOT, ServerProcess
 from examples.demo import task as demo
 from test_training_service import _groups, _with_rewards
@@ -32,6 +33,7 @@ RUN = "ui-demo"
 TRAIN_REWARDS = [[[0.0, 0.5, 1.0, 0.25], [1.0, 0.0, 0.0, 0.75]],
                  [[0.1, 0.9, 0.4, 0.6], [0.3, 0.3, 0.3, 0.3]]]
 EVAL_REWARDS = [[0.2, 0.8, 0.6]]
+FLAT = "ui-flat"  # a run that never learns: every attempt trains nothing
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,20 @@ def trained(tmp_path_factory) -> str:
         yield srv.url
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def flat(trained) -> list[TrainResult]:
+    """Two attempts on real sampled rollouts that cannot train: constant rewards, then groups of one."""
+    async def go():
+        model = await TrainableModel(FLAT, project="ui").register(trained, api_key=KEY)
+        groups = await _groups(model, 2, 2, seed=30)
+        constant = await model.train(_with_rewards(groups, [[1.0, 1.0], [0.0, 0.0]]))
+        alone = await model.train([TrajectoryGroup(trajectories=g.trajectories[:1]) for g in groups])
+        return [constant, alone]
+    # In a thread of its own: playwright's sync API keeps an event loop running in this one.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, go()).result()
 
 
 async def _eval_group(model: TrainableModel, rewards: list[float]) -> TrajectoryGroup:
@@ -122,7 +138,7 @@ def _api(url: str, path: str, **params) -> dict:
 
 def test_data_routes_need_the_key(trained):
     tid = _api(trained, f"/ui/api/runs/{RUN}/trajectories", limit=1)["data"][0]["id"]
-    paths = ["/ui/api/runs", f"/ui/api/runs/{RUN}", f"/ui/api/runs/{RUN}/steps/1/groups",
+    paths = ["/ui/api/runs", f"/ui/api/runs/{RUN}", f"/ui/api/runs/{RUN}/steps/1/groups", f"/ui/api/runs/{RUN}/attempts",
              f"/ui/api/runs/{RUN}/trajectories", f"/ui/api/trajectories/{tid}"]
     for path in paths:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
@@ -168,7 +184,36 @@ def test_runs_list_and_run_page_plots(page: Page, trained):
     for s in steps:
         shown = page.locator(f'#steps tr[data-step="{s["step"]}"] ul.warnings li').all_inner_texts()
         assert shown == s["warnings"]
+    # both jobs trained: two attempts, each the step it became
+    assert page.locator('#attempts tbody tr[data-trained="true"]').count() == 2
+    assert page.locator('#attempts tbody tr[data-trained="false"]').count() == 0
+    assert page.locator("#attempts-summary").inner_text() == "2 step attempts, all trained."
     _shot(page, "run")
+
+
+def test_attempts_that_train_nothing_show_why_on_the_run_page(page: Page, trained, flat):
+    constant, alone = flat
+    assert not constant.trained and not alone.trained
+    _go(page, f"#/run/{FLAT}", "run")
+    summary = page.locator("#attempts-summary")
+    assert summary.is_visible() and summary.inner_text() == "2 of 2 step attempts trained nothing; their warnings say why."
+    attempts = _api(trained, f"/ui/api/runs/{FLAT}/attempts")["data"]
+    assert [(a["attempt"], a["step"], a["trained"], a["outcome"]) for a in attempts] == [
+        (1, 1, False, "untrained"), (2, 1, False, "untrained")]
+    assert page.locator("#attempts tbody tr").count() == 2
+    for a, result in zip(attempts, flat):
+        row = page.locator(f'#attempts tr[data-attempt="{a["attempt"]}"]')
+        assert row.get_attribute("data-trained") == "false" and "untrained" in row.get_attribute("class").split()
+        assert row.locator(".outcome").inner_text() == "nothing trained"
+        shown = row.locator("ul.warnings li")
+        assert shown.all_inner_texts() == a["warnings"] == result.warnings
+        assert all(shown.nth(i).is_visible() for i in range(shown.count()))
+    first, second = (page.locator(f'#attempts tr[data-attempt="{n}"] ul.warnings').inner_text() for n in (1, 2))
+    assert "same reward for every rollout" in first
+    assert "a group of one trajectory cannot train: group-relative advantages need at least two rollouts per " \
+           "task; raise the group size" in second and "same reward" not in second
+    assert page.locator("#steps").count() == 0  # no step landed
+    _shot(page, "attempts")
 
 
 def test_step_groups_and_a_trajectory_as_a_chat_with_coloured_tokens(page: Page, trained):

@@ -105,7 +105,8 @@ def test_step_groups_widest_spread_first_and_one_trajectory(logged):
 
 
 def test_unknown_things_are_404(logged):
-    for path in ("/ui/api/runs/nope", "/ui/api/runs/nope/trajectories", "/ui/api/trajectories/999999",
+    for path in ("/ui/api/runs/nope", "/ui/api/runs/nope/trajectories", "/ui/api/runs/nope/attempts",
+                 "/ui/api/trajectories/999999",
                  "/ui/static/missing.js", "/ui/static/..%2Fapi%2Fui_routes.py"):
         r = httpx.get(logged + path, timeout=30)
         assert r.status_code == 404, path
@@ -121,3 +122,23 @@ def test_page_and_its_files_are_served_with_a_strict_policy(logged):
     for name, kind in (("app.js", "javascript"), ("style.css", "text/css")):
         r = httpx.get(f"{logged}/ui/static/{name}", timeout=30)
         assert r.status_code == 200 and kind in r.headers["content-type"], name
+
+
+def test_an_attempt_that_trains_nothing_is_listed_with_its_warnings(logged):
+    """Plain assistant dicts are context, not training data: the job trains nothing, and the run's
+    attempts say so in the words the job's result used."""
+    async def go():
+        model = await TrainableModel(RUN).register(logged)
+        group = TrajectoryGroup(trajectories=[_traj(0.0, "fig", "F-1"), _traj(1.0, "fig", "F-2")])
+        return await model.train([group])
+
+    result = asyncio.run(go())
+    assert not result.trained and result.step == 0
+    body = _get(logged, f"/ui/api/runs/{RUN}/attempts")
+    assert body["run"] == RUN
+    [attempt] = body["data"]
+    assert (attempt["trained"], attempt["outcome"], attempt["step"], attempt["kind"]) == (False, "untrained", 1, "rl")
+    assert attempt["job_id"] == result.job_id and attempt["warnings"] == result.warnings
+    assert any("no Choice objects" in w for w in attempt["warnings"])
+    assert attempt["metrics"]["groups_total"] == 1 and attempt["metrics"]["trainable_tokens"] == 0
+    assert _get(logged, f"/ui/api/runs/{RUN}")["steps"] == []  # an attempt is not a step

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
 from protocol.config import RUN_NAME
 from server.api.errors import APIError
 from server.engine.base import Engine
+from server.export_queue import ExportQueue
 from server.model_host import ModelHost
 from server.serving import ServedModels
 from server.settings import Settings
@@ -27,7 +28,7 @@ class ServerState:
     runs: RunManager
     store: Store
     jobs: JobManager
-    exports: Any = None  # the exporters' dispatcher (server/export) when --export asks for one
+    export_queue: ExportQueue | None = None  # when --export asks for exporters
 
 
 def get_state(request: Request) -> ServerState:

@@ -155,8 +155,8 @@ async def log_groups(run: RunDep, body: LogRequest, state: State) -> dict[str, A
     step = body.step if body.step is not None else run.step
     rows = trajectory_rows(body.groups)
     await asyncio.to_thread(state.store.put_trajectories, run.name, step, body.split, rows)
-    if state.exports is not None:  # queued; a slow exporter never delays this answer
-        state.exports.submit(run.name, step, body.split, body.groups)
+    if state.export_queue is not None:  # queued; a slow exporter never delays this answer
+        state.export_queue.submit(run.name, step, body.split, body.groups)
     rewards = [r[2] for r in rows]
     return {"stored": len(rows), "step": step, "split": body.split,
             "reward_mean": sum(rewards) / len(rewards) if rewards else None}

@@ -96,6 +96,15 @@ async def ui_run(name: RunName, state: State) -> dict[str, Any]:
             "rewards": curves}
 
 
+@api.get("/runs/{name}/attempts")
+async def ui_attempts(name: RunName, state: State) -> dict[str, Any]:
+    """Every attempt at a step of the run, oldest first, trained or not, with its figures and
+    warnings: what explains a run that does not learn."""
+    _require_run(state, name)
+    rows = await asyncio.to_thread(state.store.attempts, name)
+    return json_safe({"run": name, "data": rows})
+
+
 @api.get("/runs/{name}/steps/{step}/groups")
 async def ui_step_groups(name: RunName, state: State, step: int = PathParam(ge=0, le=INT64),
                          split: str = Query("train", max_length=32)) -> dict[str, Any]:

@@ -137,7 +137,7 @@ class VllmServer:
 
     def _hint(self) -> str:
         if "No module named vllm" in self._tail() or "No module named 'vllm'" in self._tail():
-            return f"{self.python} has no vllm: pip install 'artisan[vllm]', or pass --vllm-python"
+            return f"{self.python} has no vllm: pip install -e '.[vllm]', or pass --vllm-python"
         return "see the log"
 
 

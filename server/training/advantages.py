@@ -13,6 +13,9 @@ class GroupAdvantages:
     mean: float
     std: float
     spread: float
+    # Why a dropped group carries no signal: "empty" (every rollout failed), "single" (one
+    # rollout, nothing to compare it with) or "constant" (no reward differs by `min_spread`).
+    dropped: str | None = None
 
 
 def group_advantages(rewards: list[float], scale: bool = False, min_spread: float = 1e-6) -> GroupAdvantages:
@@ -22,12 +25,14 @@ def group_advantages(rewards: list[float], scale: bool = False, min_spread: floa
     normalising [0.1, 0.1 + 1e-11] by its std would turn rounding error into a full-size update.
     """
     if not rewards:
-        return GroupAdvantages(None, 0.0, 0.0, 0.0)
+        return GroupAdvantages(None, 0.0, 0.0, 0.0, dropped="empty")
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
     spread = max(rewards) - min(rewards)
-    if len(rewards) < 2 or spread < min_spread:
-        return GroupAdvantages(None, mean, std, spread)
+    if len(rewards) < 2:
+        return GroupAdvantages(None, mean, std, spread, dropped="single")
+    if spread < min_spread:
+        return GroupAdvantages(None, mean, std, spread, dropped="constant")
     adv = [r - mean for r in rewards]
     if scale:
         adv = [a / (std + 1e-6) for a in adv]

@@ -15,10 +15,20 @@ NON_FINITE_UPDATE = ("The update made the adapter's weights non-finite (inf or N
                      "and the run keeps serving its last good adapter. Lower the learning rate or LoRA alpha.")
 
 
+SINGLE_TRAJECTORY = ("a group of one trajectory cannot train: group-relative advantages need at least two "
+                     "rollouts per task; raise the group size")
+
+
 def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[str]:
     """`previous`: the figures of the run's last trained RL step, for the rules that compare steps."""
     w: list[str] = []
     total, constant = m.groups_total, m.groups_dropped_constant
+    single, failed = m.groups_dropped_single, m.groups_dropped_failed
+    no_group_trains = bool(total) and single + failed + constant == total
+    if single:
+        which = f"All {total} groups" if single == total else f"{single} of {total} groups"
+        w.append(f"{which} had one trajectory, and {SINGLE_TRAJECTORY}."
+                 + (" Nothing was trained." if single == total else ""))
     if total and constant == total:
         w.append(f"All {total} groups had the same reward for every rollout, so no rollout was better than "
                  f"its siblings and there is no signal to learn from; nothing was trained. Use larger groups, "
@@ -29,10 +39,13 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
                      f"update probably broke the policy (a collapse, often into one malformed output). Nothing "
                      f"can train from here. Read a few completions, then resume from an earlier checkpoint "
                      f"with a lower learning rate, more groups per step, or fewer minibatches and epochs.")
+    elif constant and no_group_trains:
+        w.append(f"The other {constant} groups had the same reward for every rollout, so they carry no signal "
+                 f"either; nothing was trained.")
     elif constant and constant / max(total, 1) >= 0.5:
         w.append(f"{constant} of {total} groups had constant reward and were dropped: most of this batch "
                  f"carries no learning signal.")
-    if m.trainable_tokens == 0 and not (total and constant == total):
+    if m.trainable_tokens == 0 and not no_group_trains:
         if m.choices == 0:
             w.append("No trainable tokens: the trajectories contain no Choice objects. Append the Choice the "
                      "server returned to messages_and_choices (plain assistant dicts are context only).")
@@ -61,7 +74,10 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
         w.append(f"{m.truncated_fraction:.0%} of completions hit max_tokens and were cut off: raise max_tokens "
                  f"or the model is looping.")
     rollouts = m.trajectories_total + m.trajectories_excluded
-    if rollouts and m.trajectories_excluded / rollouts > FAILED_LIMIT:
+    if rollouts and not m.trajectories_total:
+        w.append(f"All {rollouts} rollouts failed with errors and were excluded: nothing was left to train on. "
+                 f"Check the server, tools or judge.")
+    elif rollouts and m.trajectories_excluded / rollouts > FAILED_LIMIT:
         w.append(f"{m.trajectories_excluded} of {rollouts} rollouts failed with errors and were excluded: "
                  f"the step trained on the few that survived. Check the server, tools or judge.")
     if (m.clip_fraction or 0) > CLIP_LIMIT:

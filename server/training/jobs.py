@@ -2,10 +2,10 @@
 
 Idempotency: a submission carries a key; the same key with the same body returns the same job
 and trains once, the same key with another body is refused. Events are stored, so a client whose
-connection dropped resumes from the last event it saw. A step is committed in a recoverable
-order: its figures and trajectories are stored as pending, then its checkpoint is written, then
-the store marks it done; after a crash the checkpoint decides whether the step happened. Jobs
-can be cancelled, and run at most `time_limit` seconds.
+connection dropped resumes from the last event it saw. A job's step is computed by steps.py and
+committed (or rolled back) by commit.py; after a crash, `_recover` settles the store against the
+checkpoints, which decide whether a step happened. Jobs can be cancelled, and run at most
+`time_limit` seconds.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from typing import Any
 
 from protocol.jobs import RLJob, SFTJob, TrainResult
 from protocol.metrics import StepMetrics
+from server.export_queue import ExportQueue
 from server.faults import crash_point
-from server.store import Store, trajectory_rows
+from server.store import Store
 from server.training import checkpoints, steps
+from server.training.commit import Attempt, CommitTargets, commit_step, roll_back
 from server.training.optimize import Cancelled
 from server.training.runs import Run, RunManager
 
@@ -63,11 +65,10 @@ class Job:
 
 
 class JobManager:
-    def __init__(self, runs: RunManager, store: Store, exports: Any = None,
+    def __init__(self, runs: RunManager, store: Store, export_queue: ExportQueue | None = None,
                  keep_trajectory_steps: int | None = None, time_limit: float = 6 * 3600):
         self.runs, self.store = runs, store
-        self.keep_trajectory_steps = keep_trajectory_steps
-        self.exports = exports  # optional exporters (server/export): queued, never waited on
+        self.targets = CommitTargets(runs, store, export_queue, keep_trajectory_steps)
         self.time_limit = time_limit
         self._queue: "queue.Queue[Job | None]" = queue.Queue()
         self._active: dict[str, Job] = {}
@@ -97,7 +98,8 @@ class JobManager:
                 if meta.get("kind") not in ("rl", "sft"):
                     continue
                 if step not in stored:
-                    self.store.put_step(run.name, step, meta["kind"], meta.get("metrics", {}), meta.get("warnings", []), [])
+                    self.store.put_step(run.name, step, meta["kind"], meta.get("metrics", {}), meta.get("warnings", []),
+                                        [], job_id=meta.get("job_id"))
                 if meta.get("job_id"):
                     done_by_job[meta["job_id"]] = TrainResult(
                         step=step, trained=True, metrics=StepMetrics.model_validate(meta.get("metrics", {})),
@@ -176,6 +178,9 @@ class JobManager:
                 return
             try:
                 self._run(job)
+            except Exception as exc:  # a roll-back that failed too: this job ends, the worker goes on
+                log.exception("job %s could not be rolled back", job.id)
+                self._end(job, "failed", f"{type(exc).__name__}: {exc}", "error")
             finally:
                 job.request = None
                 with self._lock:
@@ -191,52 +196,33 @@ class JobManager:
         deadline = time.monotonic() + self.time_limit
         stop = lambda: job.cancel.is_set() or time.monotonic() > deadline  # noqa: E731
         progress = lambda stage, data: self._event(job, "progress", {"stage": stage, **data})  # noqa: E731
+        attempt = Attempt(job.id, job.key, job.request, run.step + 1)
         try:
-            result = self._train(job, run, progress, stop)
+            crash_point("step_start")
+            computed = steps.compute(run, job.request, steps.Hooks(progress, stop))
+            result = commit_step(self.targets, run, attempt, computed)
         except Cancelled:
-            run.restore()
-            why = "cancelled" if job.cancel.is_set() else f"ran past its time limit of {self.time_limit:.0f}s"
-            return self._end(job, "cancelled" if job.cancel.is_set() else "failed", why,
-                             "cancelled" if job.cancel.is_set() else "error")
+            if job.cancel.is_set():
+                roll_back(self.targets, run, attempt, "cancelled",
+                          "The job was cancelled before its step was committed; the run is unchanged.")
+                return self._end(job, "cancelled", "cancelled", "cancelled")
+            why = f"ran past its time limit of {self.time_limit:.0f}s"
+            roll_back(self.targets, run, attempt, "failed",
+                      f"The job {why} and was stopped before its step was committed; the run is unchanged. "
+                      f"Submit fewer groups or epochs, or raise art-server --job-time-limit.")
+            return self._end(job, "failed", why, "error")
+        except steps.StepFailed as exc:  # an update that must not be served: the run's problem, not the server's
+            why = f"StepFailed: {exc}"
+            roll_back(self.targets, run, attempt, "failed", why, exc.metrics)
+            return self._end(job, "failed", why, "error")
         except Exception as exc:
             log.exception("job %s failed", job.id)
-            run.restore()  # whatever the step changed before it failed is not the run's state
-            self.store.settle_pending(run.name, set(checkpoints.steps(run.checkpoint_dir)))
-            return self._end(job, "failed", f"{type(exc).__name__}: {exc}", "error")
+            why = f"{type(exc).__name__}: {exc}"
+            roll_back(self.targets, run, attempt, "failed", why)
+            return self._end(job, "failed", why, "error")
         job.status, job.result = "succeeded", result.model_dump(mode="json")
         self.store.put_job(job.record())
         self._event(job, "result", job.result)
-
-    def _train(self, job: Job, run: Run, progress, stop) -> TrainResult:
-        """The step, committed in order: store (pending), checkpoint, store (done)."""
-        meta = {"job_id": job.id, "idempotency_key": job.key}
-        req = job.request
-        pending = {"step": run.step + 1, "kind": req.kind,
-                   "rows": trajectory_rows(req.groups) if isinstance(req, RLJob) else []}
-
-        def before_commit(m: StepMetrics, warnings: list[str]) -> None:
-            self.store.put_step(run.name, pending["step"], req.kind, m.model_dump(mode="json"), warnings,
-                                pending["rows"], pending=True)
-            crash_point("pending_stored")
-
-        crash_point("step_start")
-        hooks = steps.Hooks(progress, stop, before_commit)
-        if isinstance(req, RLJob):
-            result = steps.rl_step(run, req.groups, req.config, meta, hooks)
-        else:
-            result = steps.sft_step(run, req.conversations, req.config, meta, hooks)
-        result.job_id = job.id
-        if result.trained:
-            self.store.confirm_step(run.name, result.step)
-            crash_point("step_confirmed")
-            self._after_step(run, req, result)
-        return result
-
-    def _after_step(self, run: Run, req: RLJob | SFTJob, result: TrainResult) -> None:
-        if isinstance(req, RLJob) and self.exports is not None:
-            self.exports.submit(run.name, result.step, "train", req.groups)
-        if self.keep_trajectory_steps is not None:
-            self.store.prune_trajectories(run.name, self.keep_trajectory_steps)
 
     def _end(self, job: Job, status: str, message: str, event: str) -> None:
         job.status, job.error = status, message

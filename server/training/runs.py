@@ -1,8 +1,9 @@
 """Runs: one trainable LoRA per run on the shared base model, its optimizer, its checkpoints, and
 the names it is served under (`run` = latest step, `run@N` = step N).
 
-A run owns its step number: `commit` is the one place a step advances, and it checkpoints and
-publishes in the same breath (invariant: what is served as `run` is the newest checkpoint).
+A run's step number advances in one place, server/training/commit.py, after the step's checkpoint
+is durable and before it is published (invariant: what is served as `run` is the newest checkpoint).
+The manager owns the mechanics that commit uses: checkpoints, restore, publish.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,6 @@ class Run:
     optimizer: torch.optim.Optimizer
     params: list[torch.nn.Parameter]
     host: ModelHost
-    manager: "RunManager"
     snapshots: dict[int, str] = field(default_factory=dict)  # step -> served adapter name
 
     @property
@@ -60,19 +59,6 @@ class Run:
         """The figures of the run's latest step, when it was a step of this kind."""
         meta = checkpoints.read_meta(self.checkpoint_dir, self.step)
         return StepMetrics.model_validate(meta.get("metrics", {})) if meta.get("kind") == kind else None
-
-    def commit(self, kind: str, metrics: StepMetrics, warnings: list[str], meta: dict[str, Any]) -> None:
-        """The step is done: advance, checkpoint (atomically), and serve the new weights at once."""
-        self.step += 1
-        self.manager.save_checkpoint(self, {"kind": kind, "metrics": metrics.model_dump(mode="json"),
-                                            "warnings": warnings, "created": time.time(), **meta})
-        started = time.perf_counter()
-        self.manager.publish(self)
-        metrics.publish_seconds = time.perf_counter() - started
-
-    def restore(self) -> None:
-        """Back to the latest checkpoint's weights and optimizer state (a step that failed midway)."""
-        self.manager.load_checkpoint(self, self.step)
 
 
 def adapter_name(run: str, suffix: str) -> str:
@@ -143,30 +129,35 @@ class RunManager:
             for p in params:
                 p.requires_grad_(True)
         optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0)
-        run = Run(spec, run_dir, 0, adapter, optimizer, params, self.host, self)
+        run = Run(spec, run_dir, 0, adapter, optimizer, params, self.host)
         if done:
             run.step = done[-1]
             self.load_checkpoint(run, run.step)
         else:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "run.json").write_text(spec.model_dump_json(indent=2))
-            self.save_checkpoint(run, {"kind": "init"})
+            self.save_checkpoint(run, 0, {"kind": "init"})
         self._runs[spec.name] = run
         self.publish(run)
         log.info("run %s at step %d", spec.name, run.step)
         return run
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def save_checkpoint(self, run: Run, meta: dict[str, Any]) -> None:
+    def save_checkpoint(self, run: Run, step: int, meta: dict[str, Any]) -> None:
+        """The trained adapter and its optimizer state, atomically, as checkpoint `step`."""
         with self.host.lock:
             state = self.host.adapter_state(run.adapter)
-        checkpoints.write(run.checkpoint_dir, run.step, state, run.optimizer.state_dict(), meta)
+        checkpoints.write(run.checkpoint_dir, step, state, run.optimizer.state_dict(), meta)
 
     def load_checkpoint(self, run: Run, step: int) -> None:
         state = checkpoints.read_adapter(run.checkpoint_dir, step)
         with self.host.lock:
             self.host.load_adapter_state(run.adapter, state)
         run.optimizer.load_state_dict(checkpoints.read_optimizer(run.checkpoint_dir, step))
+
+    def restore(self, run: Run) -> None:
+        """Back to the latest checkpoint's weights and optimizer state (a step that failed midway)."""
+        self.load_checkpoint(run, run.step)
 
     def list_checkpoints(self, run: Run) -> list[dict[str, Any]]:
         out = []

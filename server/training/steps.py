@@ -1,9 +1,11 @@
-"""A training step, from submitted groups (RL) or conversations (SFT) to a served adapter.
+"""A training step computed, from submitted groups (RL) or conversations (SFT) to an updated
+adapter and the figures that say how it went; committing it is server/training/commit.py's.
 
-RL, as a pipeline of named steps: count what was submitted; drop constant-reward groups and give
-the rest group-relative advantages; assemble token-exact sequences; optimise; measure; commit
-(checkpoint and publish). A step with nothing to train does not advance the step number and
-says why. A step whose update is not finite is rolled back and never served.
+RL, as a pipeline of named steps: count what was submitted; drop the groups that carry no signal
+(every rollout failed, one rollout, constant rewards) and give the rest group-relative
+advantages; assemble token-exact sequences; optimise; measure. A step with nothing to train
+comes back untrained and says why. A step whose update is not finite raises StepFailed; the
+caller restores the run's last checkpoint, so it is never served.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from protocol.choices import choice_token_ids
 from protocol.config import SFTConfig, TrainConfig
-from protocol.jobs import TrainResult
+from protocol.jobs import RLJob, SFTJob
 from protocol.metrics import StepMetrics
 from protocol.trajectory import Conversation, TrajectoryGroup
 from server.training.advantages import awr_weights, group_advantages
@@ -29,19 +31,35 @@ from server.training.optimize import OptimPlan, optimize, rl_loss, sft_loss
 from server.training.runs import Run
 
 
-
 @dataclass
 class Hooks:
     """How a step talks to the job running it."""
 
     progress: Callable[[str, dict[str, Any]], None] = lambda stage, data: None
     should_stop: Callable[[], bool] = lambda: False  # cancelled, or past the job's time limit
-    # Called with the step's figures just before its checkpoint is written (the store's pending rows).
-    before_commit: Callable[[StepMetrics, list[str]], None] = lambda metrics, warnings: None
+
+
+@dataclass
+class ComputedStep:
+    """A step optimised and measured but not committed: the run's adapter holds the update (when
+    it trained), its step number and checkpoints do not yet."""
+
+    kind: str  # "rl" or "sft"
+    metrics: StepMetrics
+    warnings: list[str]
+
+    @property
+    def trained(self) -> bool:
+        return self.metrics.trained
 
 
 class StepFailed(RuntimeError):
-    """The step ran but its result must not be served; the run keeps its last good adapter."""
+    """The step ran but its result must not be served; the run keeps its last good adapter. Carries
+    the figures measured up to the failure, which explain it."""
+
+    def __init__(self, message: str, metrics: StepMetrics):
+        super().__init__(message)
+        self.metrics = metrics
 
 
 @dataclass
@@ -51,9 +69,9 @@ class Batch:
     sequences: list[TrainSequence] = field(default_factory=list)
     stats: AssemblyStats = field(default_factory=AssemblyStats)
     groups_trainable: int = 0
-    groups_dropped: int = 0
+    groups_dropped: dict[str, int] = field(default_factory=lambda: {"empty": 0, "single": 0, "constant": 0})
     histories: int = 0
-    dropped_tokens: int = 0  # completion tokens of constant-reward groups (for the loss normaliser)
+    dropped_tokens: int = 0  # completion tokens of dropped groups (for the loss normaliser)
     dropped_sequences: int = 0
 
 
@@ -66,13 +84,13 @@ def submission_figures(groups: list[TrajectoryGroup]) -> StepMetrics:
 
 
 def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig) -> Batch:
-    """Advantages per group (constant groups dropped), then every history of every trajectory
-    assembled into sequences that carry their trajectory's advantage."""
+    """Advantages per group (groups without signal dropped, counted by why), then every history of
+    every trajectory assembled into sequences that carry their trajectory's advantage."""
     batch = Batch()
     for gi, g in enumerate(groups):
         adv = group_advantages([t.reward for t in g.trajectories], cfg.scale_rewards, cfg.min_group_reward_spread)
         if adv.advantages is None:
-            batch.groups_dropped += 1
+            batch.groups_dropped[adv.dropped] += 1
             batch.dropped_sequences += len(g.trajectories)
             batch.dropped_tokens += sum(len(choice_token_ids(c) or []) for t in g.trajectories
                                         for h in t.histories() for c in h.choices())
@@ -91,19 +109,26 @@ def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig) -> Ba
     return batch
 
 
-def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, meta: dict[str, Any],
-            hooks: Hooks = Hooks()) -> TrainResult:
+def compute(run: Run, request: RLJob | SFTJob, hooks: Hooks = Hooks()) -> ComputedStep:
+    if isinstance(request, RLJob):
+        return rl_step(run, request.groups, request.config, hooks)
+    return sft_step(run, request.conversations, request.config, hooks)
+
+
+def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Hooks = Hooks()) -> ComputedStep:
     t0 = time.time()
     m = submission_figures(groups)
     batch = build_batch(run, groups, cfg)
+    dropped = batch.groups_dropped
     m = m.model_copy(update={**vars(batch.stats), "groups_trainable": batch.groups_trainable,
-                             "groups_dropped_constant": batch.groups_dropped, "additional_histories": batch.histories,
+                             "groups_dropped_constant": dropped["constant"], "groups_dropped_single": dropped["single"],
+                             "groups_dropped_failed": dropped["empty"], "additional_histories": batch.histories,
                              "trainable_tokens": sum(s.n_loss_tokens for s in batch.sequences)})
     m.truncated_fraction = m.truncated_choices / m.choices if m.choices else 0.0
     hooks.progress("assembled", {"sequences": len(batch.sequences), "trainable_tokens": m.trainable_tokens})
     if m.trainable_tokens == 0:
         m.step_seconds = time.time() - t0
-        return TrainResult(step=run.step, trained=False, metrics=m, warnings=step_warnings(m, run.last_metrics("rl")))
+        return _measured(run, "rl", m)
     m.signal_share = 1.0
     if cfg.count_dropped_groups:
         m.signal_share = signal_share(cfg.loss_aggregation, m.trainable_tokens, len(batch.sequences),
@@ -111,37 +136,44 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, meta: dic
     plan = OptimPlan.for_rl(cfg, cfg.learning_rate or default_learning_rate(run.host.config))
     fit(run, plan, m, t0, batch.sequences[0], lambda: optimize(
         run, batch.sequences, plan, rl_loss(cfg), loss_scale=m.signal_share, should_stop=hooks.should_stop))
-    return conclude(run, "rl", m, meta, hooks)
+    return _measured(run, "rl", m)
 
 
-def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, meta: dict[str, Any],
-             hooks: Hooks = Hooks()) -> TrainResult:
+def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, hooks: Hooks = Hooks()) -> ComputedStep:
     t0 = time.time()
     sequences = [s for c in conversations for s in assemble_sft(c, run.host.chat)]
     m = StepMetrics(conversations=len(conversations), sequences=len(sequences),
                     trainable_tokens=sum(s.n_loss_tokens for s in sequences))
     hooks.progress("assembled", {"sequences": len(sequences), "trainable_tokens": m.trainable_tokens})
+    if m.trainable_tokens == 0:
+        m.step_seconds = time.time() - t0
+        return _measured(run, "sft", m)
     plan = OptimPlan.for_sft(cfg, cfg.learning_rate or default_learning_rate(run.host.config), len(sequences))
     fit(run, plan, m, t0, sequences[0], lambda: optimize(
         run, sequences, plan, sft_loss, measure_gap=False, measure_kl=False, should_stop=hooks.should_stop))
-    return conclude(run, "sft", m, meta, hooks)
+    return _measured(run, "sft", m)
+
+
+def _measured(run: Run, kind: str, m: StepMetrics) -> ComputedStep:
+    """The step with its warnings; the rules that compare steps read the run's last one of this kind."""
+    return ComputedStep(kind, m, step_warnings(m, run.last_metrics(kind)))
 
 
 def fit(run: Run, plan: OptimPlan, m: StepMetrics, t0: float, probe: TrainSequence,
         run_optimizer: Callable[[], Any]) -> None:
     """The optimisation pass and the figures only it can give (update norm, throughput). An update
-    that leaves the adapter, or what it computes on `probe`, non-finite is rolled back here."""
+    that leaves the adapter, or what it computes on `probe`, non-finite raises StepFailed with the
+    figures that show it (the caller restores the last checkpoint)."""
     before = [p.detach().clone() for p in run.params]
     stats = run_optimizer()
-    if stats.optimizer_steps and not _finite(run, probe.ids[:256]):
-        run.restore()
-        raise StepFailed(NON_FINITE_UPDATE)
     for k, v in stats.figures().items():
         setattr(m, k, v)
     m.lora_update_norm = math.sqrt(sum(float(((p.detach() - b) ** 2).sum()) for p, b in zip(run.params, before)))
     m.learning_rate = plan.learning_rate
     m.step_seconds = time.time() - t0
     m.tokens_per_second = stats.row_tokens * plan.epochs / max(m.step_seconds, 1e-9)
+    if stats.optimizer_steps and not _finite(run, probe.ids[:256]):
+        raise StepFailed(NON_FINITE_UPDATE, m)
     m.trained = stats.optimizer_steps > 0
 
 
@@ -153,12 +185,3 @@ def _finite(run: Run, ids: list[int]) -> bool:
         host.model.set_adapter(run.adapter)
         logits = host.model(input_ids=torch.tensor([ids], device=host.device)).logits
     return bool(torch.isfinite(logits).all())
-
-
-def conclude(run: Run, kind: str, m: StepMetrics, meta: dict[str, Any], hooks: Hooks) -> TrainResult:
-    """Warnings, and for a step that trained: commit it (advance, checkpoint, publish)."""
-    warnings = step_warnings(m)
-    if m.trained:
-        hooks.before_commit(m, warnings)
-        run.commit(kind, m, warnings, meta)
-    return TrainResult(step=run.step, trained=m.trained, metrics=m, warnings=warnings)

@@ -31,7 +31,7 @@ export async function runsView() {
 }
 
 export async function runView(name, query) {
-  const run = await getJSON(`runs/${enc(name)}`);
+  const [run, attempts] = await Promise.all([getJSON(`runs/${enc(name)}`), getJSON(`runs/${enc(name)}/attempts`)]);
   const filters = Object.fromEntries(FILTERS.map(k => [k, query.get(k) ?? ""]));
   const points = split => (run.rewards[split] || []).map(p => ({ x: p.step, y: p.reward_mean }));
   const metric = key => run.steps.map(s => ({ x: s.step, y: s.metrics[key] }));
@@ -42,6 +42,7 @@ export async function runView(name, query) {
     h("div", { class: "plots wide" },
       linePlot("mean reward per step", [{ name: "train", points: points("train") }, { name: "eval (val)", points: points("val") }],
                { metric: "reward", width: 720, height: 260 })),
+    h("h2", {}, "Step attempts"), attemptsTable(run.name, attempts.data),
     h("h2", {}, "Training health"),
     h("div", { class: "plots" }, HEALTH.map(([key, label]) => linePlot(label, [{ name: key, points: metric(key) }], { metric: key }))),
     h("h2", {}, "Steps"), stepsTable(run),
@@ -68,6 +69,44 @@ function stepsTable(run) {
         h("td", {}, s?.warnings?.length ? h("ul", { class: "warnings" }, s.warnings.map(w => h("li", {}, w))) : ""),
         h("td", {}, (splitsAt.get(step) || []).map(split => link(`/run/${enc(run.name)}/step/${step}`, { split }, split))));
     })));
+}
+
+// How an attempt ended, in words; only "trained" moved the run.
+const OUTCOMES = {
+  trained: "trained", untrained: "nothing trained", failed: "failed, rolled back", cancelled: "cancelled",
+  interrupted: "interrupted (server stopped)",
+};
+
+// Every try at a step, trained or not: a run whose reward stays flat shows here which attempts
+// trained nothing and their warnings say why.
+function attemptsTable(name, attempts) {
+  if (!attempts.length) return h("p", { class: "muted" }, "No training jobs yet.");
+  const idle = attempts.filter(a => !a.trained && !a.pending).length;
+  const summary = idle
+    ? h("p", { id: "attempts-summary", class: "attention" },
+        `${idle} of ${attempts.length} step attempts trained nothing; their warnings say why.`)
+    : h("p", { id: "attempts-summary", class: "muted" }, `${attempts.length} step attempts, all trained.`);
+  const table = h("table", { id: "attempts", class: "grid" },
+    h("thead", {}, h("tr", {}, ["attempt", "step", "kind", "outcome", "reward mean", "groups trainable / total",
+                                "trainable tokens", "warnings", "job", "when"].map(t => h("th", {}, t)))),
+    h("tbody", {}, [...attempts].reverse().map(a => {
+      const m = a.metrics || {};
+      const outcome = a.pending ? "committing" : a.outcome;
+      return h("tr", { "data-attempt": a.attempt, "data-trained": String(a.trained), "data-outcome": outcome,
+                       class: a.trained ? "trained" : "untrained" },
+        h("td", { class: "num" }, a.attempt),
+        h("td", { class: "num" }, a.trained ? link(`/run/${enc(name)}/step/${a.step}`, { split: "train" }, a.step)
+                                            : h("span", { class: "muted", title: "the step it would have been" }, `(${a.step})`)),
+        h("td", {}, a.kind),
+        h("td", {}, h("span", { class: `outcome ${a.trained ? "ok" : "no"}` }, OUTCOMES[outcome] ?? outcome)),
+        h("td", { class: "num" }, fmt(m.reward_mean)),
+        h("td", { class: "num" }, m.groups_total != null ? `${fmt(m.groups_trainable)} / ${fmt(m.groups_total)}` : "–"),
+        h("td", { class: "num" }, fmt(m.trainable_tokens)),
+        h("td", {}, a.warnings.length ? h("ul", { class: "warnings" }, a.warnings.map(w => h("li", {}, w))) : ""),
+        h("td", { class: "meta" }, a.job_id ?? "–"),
+        h("td", { class: "meta" }, new Date(a.created * 1000).toLocaleString()));
+    })));
+  return h("div", {}, summary, table);
 }
 
 function filterForm(run, f) {

@@ -1,5 +1,5 @@
-"""Getting trajectories out: the exporters' counters, and a run's trajectories as JSONL (export,
-and import into another run) with token ids and logprobs kept, so they can be trained on again."""
+"""A run's stored trajectories as JSONL: downloaded (export.jsonl) and uploaded into a run (import),
+with token ids and logprobs kept, so they can be trained on again."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from server.api.training_routes import SPLIT
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
 
 
-class ExportLine(BaseModel):
+class JsonlLine(BaseModel):
     """One line of export.jsonl, as import reads it back."""
 
     trajectory: Trajectory
@@ -30,15 +30,6 @@ class ExportLine(BaseModel):
     split: str = Field(default="train", pattern=SPLIT)
     group_index: int = Field(default=0, ge=0, le=INT64)
     traj_index: int = Field(default=0, ge=0, le=INT64)
-
-
-@router.get("/v1/exporters")
-async def exporters(state: State) -> dict[str, Any]:
-    """Per exporter: trajectories exported, failed, dropped (queue full), queued, in flight, last error."""
-    dispatcher = state.exports
-    if dispatcher is None:
-        return {"enabled": False, "data": []}
-    return {"enabled": True, **dispatcher.stats()}
 
 
 @router.get("/v1/runs/{name}/export.jsonl")
@@ -77,7 +68,7 @@ def _parse(body: bytes, split: str | None) -> list[tuple[int, str, int, int, flo
         if not line.strip():
             continue
         try:
-            rec = ExportLine.model_validate_json(line)
+            rec = JsonlLine.model_validate_json(line)
         except (ValueError, RecursionError) as e:  # pydantic's ValidationError is a ValueError
             raise APIError(400, f"line {n}: {_why(e)}", param="body", code="invalid_jsonl")
         rows.append((rec.step, split or rec.split, rec.group_index, rec.traj_index, rec.trajectory.reward,

@@ -1,4 +1,12 @@
-"""Exports off the training path: one thread and one bounded queue per exporter.
+"""The server's queue to the trajectory exporters (Langfuse, Weave, OpenPipe; the `exporters`
+package), off the training path: one thread and one bounded queue (a lane) per exporter.
+
+`art-server --export langfuse --export openpipe` (or ARTISAN_EXPORT=langfuse,openpipe); each
+exporter reads its own settings from the environment:
+
+- langfuse: LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY, LANGFUSE_HOST (or LANGFUSE_BASE_URL)
+- weave: WANDB_API_KEY, WEAVE_PROJECT (entity/project), WF_TRACE_SERVER_URL (optional)
+- openpipe: OPENPIPE_API_KEY, OPENPIPE_BASE_URL (optional)
 
 A step hands its trajectories over with `submit`, which never blocks: when an exporter's queue is
 full (its endpoint is down or slower than training), the batch is dropped and counted. Every
@@ -13,13 +21,42 @@ import threading
 import time
 from typing import Any
 
+from exporters import EXPORTERS, ExportConfigError, make_exporter
 from exporters.base import Exporter, Outcome
-from protocol.turns import items
+from exporters.flatten import items
 
 log = logging.getLogger("artisan.export")
 
 
+def names(raw: list[str] | None) -> list[str]:
+    out: list[str] = []
+    for part in (p.strip().lower() for r in raw or [] for p in r.split(",")):
+        if part and part not in out:
+            out.append(part)
+    unknown = [n for n in out if n not in EXPORTERS]
+    if unknown:
+        raise SystemExit(f"--export: unknown exporter {', '.join(unknown)}; choose from {', '.join(EXPORTERS)}")
+    return out
+
+
+def build(settings: Any) -> ExportQueue | None:
+    """The queue to the exporters the settings ask for; None when none (the default).
+    A misconfigured exporter stops the server at start rather than losing every step quietly."""
+    wanted = names(settings.export)
+    if not wanted:
+        return None
+    exporters = []
+    for name in wanted:
+        try:
+            exporters.append(make_exporter(name, timeout=settings.export_timeout))
+        except ExportConfigError as e:
+            raise SystemExit(f"--export {name}: {e}") from None
+    return ExportQueue(exporters, queue_size=settings.export_queue, timeout=settings.export_timeout)
+
+
 class Lane:
+    """One exporter's bounded queue and the thread that drains it."""
+
     def __init__(self, exporter: Exporter, queue_size: int):
         self.exporter = exporter
         self.queue: "queue.Queue[tuple[str, int, str, list[Any], int] | None]" = queue.Queue(maxsize=queue_size)
@@ -97,7 +134,9 @@ class Lane:
             self.exporter.close()
 
 
-class Dispatcher:
+class ExportQueue:
+    """Every exporter's lane; what a step or a logged batch is handed to."""
+
     def __init__(self, exporters: list[Exporter], queue_size: int = 16, timeout: float = 10.0):
         self.timeout = timeout
         self.queue_size = queue_size

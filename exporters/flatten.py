@@ -1,5 +1,6 @@
-"""A trajectory seen as what an observability tool shows: model turns with the context each one
-saw, its tool calls and their results. Shared by every exporter, on the server and the laptop."""
+"""Trajectories flattened into what an observability tool shows: one `Item` per trajectory (where it
+came from), and its model `Turn`s with the context each one saw, its tool calls and their results.
+Shared by every exporter, on the server and the laptop."""
 
 from __future__ import annotations
 

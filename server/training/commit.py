@@ -1,0 +1,104 @@
+"""A training step's commit, in one place and in order, and the roll-back of one that cannot land.
+
+A step that trained is committed in these stages, each durable before the next begins:
+
+    pending     the store holds the step's figures, trajectories and attempt, marked pending
+    checkpoint  adapter and optimizer state, written atomically: after a crash, the truth
+    advance     the run's step number moves to the new step
+    publish     the new adapter is served as `run` and `run@step`
+    confirm     the store marks the step done
+    export      its groups are queued to the exporters (never waited on)
+    retention   trajectories of steps past the retention window are pruned
+
+A crash between two stages is settled at start-up (JobManager._recover) by the checkpoints: a
+pending step whose checkpoint exists happened, one whose checkpoint does not did not. A step that
+trained nothing, failed or was stopped changes nothing but the store's record of its attempt.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from protocol.jobs import RLJob, SFTJob, TrainResult
+from protocol.metrics import StepMetrics
+from server.export_queue import ExportQueue
+from server.faults import crash_point
+from server.store import Store, trajectory_rows
+from server.training import checkpoints
+from server.training.health import step_warnings
+from server.training.runs import Run, RunManager
+from server.training.steps import ComputedStep
+
+
+@dataclass
+class CommitTargets:
+    """Everything a committed step reaches."""
+
+    runs: RunManager  # checkpoints and serving
+    store: Store
+    export_queue: ExportQueue | None = None
+    keep_trajectory_steps: int | None = None  # None keeps every step's trajectories
+
+
+@dataclass
+class Attempt:
+    """One try at a run's next step: the job that asks for it and what that job submitted."""
+
+    job_id: str
+    idempotency_key: str
+    request: RLJob | SFTJob
+    step: int  # the step it becomes if it trains: the run's step when it started, plus one
+    stored: bool = False  # its pending rows are in the store (the checkpoint decides them)
+
+    @property
+    def kind(self) -> str:
+        return self.request.kind
+
+
+def commit_step(to: CommitTargets, run: Run, attempt: Attempt, computed: ComputedStep) -> TrainResult:
+    """The attempt's end when nothing failed: stored as untrained, or committed stage by stage."""
+    m, warnings = computed.metrics, computed.warnings
+    if not computed.trained:
+        to.store.put_attempt(run.name, attempt.step, attempt.kind, attempt.job_id, "untrained",
+                             m.model_dump(mode="json"), warnings)
+        return TrainResult(step=run.step, trained=False, metrics=m, warnings=warnings, job_id=attempt.job_id)
+
+    groups = attempt.request.groups if isinstance(attempt.request, RLJob) else []
+    figures = m.model_dump(mode="json")
+    to.store.put_step(run.name, attempt.step, attempt.kind, figures, warnings, trajectory_rows(groups),
+                      pending=True, job_id=attempt.job_id)
+    attempt.stored = True
+    crash_point("pending_stored")
+
+    to.runs.save_checkpoint(run, attempt.step, {
+        "kind": attempt.kind, "metrics": figures, "warnings": warnings, "created": time.time(),
+        "job_id": attempt.job_id, "idempotency_key": attempt.idempotency_key})
+    run.step = attempt.step
+
+    started = time.perf_counter()
+    to.runs.publish(run)
+    m.publish_seconds = time.perf_counter() - started
+
+    to.store.confirm_step(run.name, run.step)
+    crash_point("step_confirmed")
+
+    if groups and to.export_queue is not None:
+        to.export_queue.submit(run.name, run.step, "train", groups)
+    if to.keep_trajectory_steps is not None:
+        to.store.prune_trajectories(run.name, to.keep_trajectory_steps)
+    return TrainResult(step=run.step, trained=True, metrics=m, warnings=warnings, job_id=attempt.job_id)
+
+
+def roll_back(to: CommitTargets, run: Run, attempt: Attempt, outcome: str, why: str,
+              metrics: StepMetrics | None = None) -> None:
+    """An attempt that failed or was stopped: the store settled against the checkpoints (a step
+    whose checkpoint was written happened), the attempt kept with `why`, and the run's weights
+    and optimizer state back at its latest checkpoint."""
+    if attempt.stored:
+        to.store.settle_pending(run.name, set(checkpoints.steps(run.checkpoint_dir)), outcome, why)
+    else:
+        warnings = [*step_warnings(metrics), why] if metrics is not None else [why]
+        to.store.put_attempt(run.name, attempt.step, attempt.kind, attempt.job_id, outcome,
+                             metrics.model_dump(mode="json") if metrics is not None else {}, warnings)
+    to.runs.restore(run)
