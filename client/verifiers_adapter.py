@@ -205,7 +205,7 @@ def trajectory(trace: vf.Trace, calls: list[RecordedCall]) -> Trajectory:
                       reward=trace.reward, metrics=metrics,
                       metadata={"task": trace.task.key, "trace_id": trace.id, "agent": trace.agent.name,
                                 "stop_condition": trace.stop_condition},
-                      start_time=trace.timing.start or 0.0).finish()
+                      **({"start_time": trace.timing.start} if trace.timing.start else {})).finish()
 
 
 def episode_trajectories(episode: vf.Episode, recorder: ChoiceRecorder) -> list[Trajectory]:
