@@ -80,3 +80,21 @@ SMOLLM2 = $$($(PY) -c "from tests.real_models import smollm2_gguf; print(smollm2
 bench-vllm: install $(VLLM_STAMP)
 	$(PY) bench/serve.py --model $(SMOLLM2) --engine torch --engine vllm --vllm-python $(VLLM_VENV)/bin/python
 	$(PY) bench/publish.py --model $(SMOLLM2) --engine torch --engine vllm --vllm-python $(VLLM_VENV)/bin/python
+
+# verifiers 0.4 (it pins mcp 2.0 and prime packages) and reasoning-gym beside artisan's client, in an
+# environment of its own without torch, with the reasoning-gym taskset installed as verifiers finds
+# tasksets (a package by id); `uv` runs verifiers' chat harness. The server runs from the main one.
+VF_VENV := .venv-verifiers
+VF_STAMP := $(VF_VENV)/.installed
+
+$(VF_STAMP): pyproject.toml Makefile environments/reasoning_gym_env/pyproject.toml
+	test -x $(VF_VENV)/bin/python || python3 -m venv $(VF_VENV)
+	$(VF_VENV)/bin/pip install -q --upgrade pip
+	$(VF_VENV)/bin/pip install -q -e . verifiers==0.4.0 reasoning-gym==0.1.25 uv pytest -e environments/reasoning_gym_env
+	# Nothing here may bring torch (a CUDA build is gigabytes); the client never imports it.
+	! $(VF_VENV)/bin/python -c "import torch" 2>/dev/null
+	touch $(VF_STAMP)
+
+.PHONY: test-verifiers
+test-verifiers: install $(VF_STAMP)
+	$(VF_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/verifiers_env

@@ -1,0 +1,3 @@
+from reasoning_gym_env.taskset import ReasoningGymTaskset, load_environment
+
+__all__ = ["ReasoningGymTaskset", "load_environment"]
