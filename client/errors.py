@@ -15,6 +15,8 @@ from typing import Iterator
 
 from pydantic import ValidationError
 
+from client.gather import TooManyExceptions
+
 # Exit statuses of `python -m client.train`, so that scripts can tell them apart.
 EXIT_ERROR = 1  # the server, a rollout or the code failed
 EXIT_USAGE = 2  # an option that cannot work (as click reports its own usage errors)
@@ -70,7 +72,7 @@ def one_line(exc: BaseException) -> str:
                "art-server was started with")
     elif isinstance(exc, ValidationError):
         msg = validation_line(exc)
-    elif isinstance(exc, (ServerError, ConfigError, RunCannotLearn)) or type(exc).__name__ == "TooManyExceptions":
+    elif isinstance(exc, (ServerError, ConfigError, RunCannotLearn, TooManyExceptions)):
         msg = str(exc)
     else:
         msg = f"{type(exc).__name__}: {exc} (run with --debug for the traceback)"

@@ -93,3 +93,13 @@ def test_library_raises_typed_errors(keyed_server):
         model = await TrainableModel("k").register(keyed_server.url, api_key=KEY)
         assert model.step == 0
     asyncio.run(go())
+
+
+def test_every_error_is_one_line():
+    from client import TooManyExceptions
+    from client.errors import one_line
+
+    failed = TooManyExceptions("3 of 4 rollouts failed (limit 2); first error: ConnectError: refused")
+    assert one_line(failed) == str(failed)
+    bug = one_line(KeyError("multi\nline"))
+    assert "\n" not in bug and bug.startswith("KeyError:") and "--debug" in bug
