@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import httpx
 from openai import AsyncOpenAI
 
+from client.errors import ConfigError, ServerError, ServerUnreachable
 from protocol.config import LoraSettings, RunSpec, SFTConfig, TrainConfig
 from protocol.jobs import JobEvent, RLJob, SFTJob, TrainResult
 from protocol.retry import RetryPolicy
@@ -21,16 +22,11 @@ from protocol.trajectory import Conversation, Trajectory, TrajectoryGroup
 # Every mutating call here is idempotent (run creation by name, job submission by key), so a
 # request may be retried whatever it is.
 REQUEST_RETRY = RetryPolicy(attempts=6, initial_wait=0.5, max_wait=8.0)
+# The first contact only: a server that refuses connections there is most likely not started, and
+# saying so in two seconds beats retrying for half a minute.
+FIRST_CONTACT_RETRY = RetryPolicy(attempts=3, initial_wait=0.5, max_wait=1.0)
 # Following a job outlives a server restart: reconnect for as long as a restart can take.
 FOLLOW_RETRY = RetryPolicy(attempts=60, initial_wait=0.5, max_wait=8.0)
-
-
-class ServerError(RuntimeError):
-    """The server refused a request (a 4xx with its message) or a job failed."""
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        self.status = status
 
 
 def raise_for_status(resp: httpx.Response) -> None:
@@ -40,7 +36,18 @@ def raise_for_status(resp: httpx.Response) -> None:
         msg = resp.json()["error"]["message"]
     except Exception:
         msg = resp.text[:500]
+    if resp.status_code == 401:
+        msg += " (give the key art-server was started with: register(url, api_key=...) or ARTISAN_API_KEY)"
     raise ServerError(f"{resp.status_code}: {msg}", resp.status_code)
+
+
+def check_server_url(url: str, name: str = "server URL") -> str:
+    """The server's base URL, without a trailing / or /v1; a URL without its scheme is refused
+    here, where httpx would only say 'unsupported protocol'."""
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{name} {url!r} has no scheme: write http://{url.removeprefix('//')} "
+                          f"(or https://...)")
+    return url.rstrip("/").removesuffix("/v1")
 
 
 class TrainableModel:
@@ -67,21 +74,26 @@ class TrainableModel:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         return httpx.AsyncClient(base_url=self.server_url, headers=headers, timeout=timeout)
 
-    async def request(self, method: str, path: str, **kw: Any) -> Any:
-        """A request, retried on connection errors and 5xx; a 4xx raises ServerError at once."""
+    async def request(self, method: str, path: str, retry: RetryPolicy = REQUEST_RETRY, **kw: Any) -> Any:
+        """A request, retried on connection errors and 5xx; a 4xx raises ServerError at once, and
+        no connection after the retries ServerUnreachable."""
         async def once() -> Any:
             async with self.http() as http:
                 resp = await http.request(method, path, **kw)
             raise_for_status(resp)
             return resp.json()
 
-        return await REQUEST_RETRY.call(once)
+        try:
+            return await retry.call(once)
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(str(self.server_url), exc) from exc
 
     # ---- API -------------------------------------------------------------------------------
     async def register(self, server_url: str, api_key: str | None = None) -> "TrainableModel":
-        self.server_url = server_url.rstrip("/").removesuffix("/v1")
+        self.server_url = check_server_url(server_url)
         self.api_key = api_key
-        info = await self.request("POST", "/v1/runs", json=self.spec.model_dump(mode="json"))
+        info = await self.request("POST", "/v1/runs", retry=FIRST_CONTACT_RETRY,
+                                  json=self.spec.model_dump(mode="json"))
         self.step = info["step"]
         return self
 
@@ -161,6 +173,9 @@ class TrainableModel:
             return None  # the stream ended early: follow again from the last event
 
         while True:
-            event = await FOLLOW_RETRY.call(stream)
+            try:
+                event = await FOLLOW_RETRY.call(stream)
+            except httpx.TransportError as exc:
+                raise ServerUnreachable(str(self.server_url), exc) from exc
             if event is not None:
                 return event

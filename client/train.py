@@ -2,7 +2,9 @@
 
 Evaluates on held-out tasks before training and every `--eval-every` steps, trains, resumes from
 the run's current step when restarted, prints one line per step, and writes `summary.json` and
-`reward.png` to `--out`. Never imports torch: this runs on a laptop.
+`reward.png` to `--out`. After `--patience` attempts in a row that trained nothing it stops with
+exit status 3 and says why (client/patience.py). Errors are one line (client/errors.py). Never
+imports torch: this runs on a laptop.
 """
 
 from __future__ import annotations
@@ -10,17 +12,21 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import pkgutil
 import random
+import re
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 
-from client.gather import gather_trajectory_groups
-from client.model import TrainableModel
-from protocol.config import LossName, TrainConfig
+from client.errors import ConfigError, cli_errors, validation_line
+from client.gather import TooManyExceptions, gather_trajectory_groups
+from client.model import TrainableModel, check_server_url
+from client.patience import Patience, attempt_record, failed_rollouts_record
+from protocol.config import MODULE_NAME, LossName, RunSpec, TrainConfig
 from protocol.jobs import TrainResult
 from protocol.trajectory import TrajectoryGroup
 from rollouts.agent import rollout
@@ -37,11 +43,13 @@ class LoopConfig(BaseModel):
     run: str = "demo-run"
     project: str = "default"
     example: str = "demo"
-    steps: int = 20
-    groups_per_step: int = 8
-    group_size: int = 8
-    eval_every: int = 5
-    eval_tasks: int = 64
+    steps: int = Field(default=20, ge=0)
+    groups_per_step: int = Field(default=8, ge=1)
+    group_size: int = Field(default=8, ge=1)
+    eval_every: int = Field(default=5, ge=0)
+    eval_tasks: int = Field(default=64, ge=1)
+    # Attempts in a row that may train nothing before the loop gives up (see client/patience.py).
+    patience: int = Field(default=3, ge=1)
     seed: int = 0
     out: Path = Path("out/train")
     reward: Literal["env", "ruler"] = "env"
@@ -52,10 +60,40 @@ class LoopConfig(BaseModel):
     rollout_overrides: dict[str, Any] = {}
 
 
+def example_names() -> list[str]:
+    """The short names `--example` takes: the packages under examples/ that define make_example."""
+    import examples
+
+    names = []
+    for info in pkgutil.iter_modules(examples.__path__):
+        try:
+            if info.ispkg and hasattr(importlib.import_module(f"examples.{info.name}"), "make_example"):
+                names.append(info.name)
+        except Exception:  # an example that cannot be imported here is not one to offer
+            continue
+    return sorted(names)
+
+
 def load_example(name: str, **kwargs: Any) -> Example:
     """An example by short name (`demo`, `retail`) or by module path (`my_pkg.my_task`); the
     module must define `make_example(**kwargs) -> Example`."""
-    module = importlib.import_module(name if "." in name else f"examples.{name}")
+    module_name = name if "." in name else f"examples.{name}"
+
+    def unknown() -> ConfigError:
+        return ConfigError(f"--example {name!r}: no such example; the examples are {', '.join(example_names())}, "
+                           f"or give the module path of your own that defines make_example()")
+
+    if not re.match(MODULE_NAME, name):
+        raise unknown()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only the module asked for is unknown; a missing dependency inside it is its own error.
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise unknown() from None
+        raise
+    if not hasattr(module, "make_example"):
+        raise ConfigError(f"--example {name!r}: module {module_name} defines no make_example()")
     return module.make_example(**kwargs)
 
 
@@ -105,7 +143,8 @@ def plot(history: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path)
 def step_line(result: TrainResult) -> str:
     m = result.metrics
     gap = "None" if m.logprob_gap is None else f"{m.logprob_gap:.1e}"
-    return (f"step {result.step:3d} | reward {m.reward_mean or 0:.3f} | groups {m.groups_trainable}/{m.groups_total} "
+    head = f"step {result.step:3d}" if result.trained else f"step {result.step + 1:3d} not trained"
+    return (f"{head} | reward {m.reward_mean or 0:.3f} | groups {m.groups_trainable}/{m.groups_total} "
             f"trainable, {m.groups_dropped_constant} dropped | exceptions {m.trajectories_excluded} | logprob_gap "
             f"{gap} | {m.step_seconds or 0:.1f}s" + "".join(f"\n  warning: {w}" for w in result.warnings))
 
@@ -125,18 +164,19 @@ class Summary:
             if same else []
         self.seconds_before = previous.get("seconds", 0.0) if same else 0.0
 
-    def write(self) -> dict[str, Any]:
+    def write(self, stopped: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`stopped`: why the loop gave up before its last step (cause and message), if it did."""
         summary = {"run": self.run, "eval_reward_before": self.evals[0]["reward"],
                    "eval_reward_after": self.evals[-1]["reward"],
                    "steps": self.history[-1]["step"] if self.history else self.evals[-1]["step"],
                    "seconds": self.seconds_before + time.time() - self.started,
+                   **({"stopped": stopped} if stopped else {}),
                    "evals": self.evals, "history": self.history}
         self.path.write_text(json.dumps(summary, indent=2))
         return summary
 
 
 async def train_loop(cfg: LoopConfig) -> dict[str, Any]:
-    cfg.out.mkdir(parents=True, exist_ok=True)
     example = load_example(cfg.example)
     for key, value in cfg.rollout_overrides.items():
         if value is not None:
@@ -144,11 +184,12 @@ async def train_loop(cfg: LoopConfig) -> dict[str, Any]:
     hook = None
     if cfg.reward == "ruler":
         if not cfg.judge:
-            raise typer.BadParameter("--reward ruler needs --judge (a litellm model or http://host/v1#model)")
+            raise ConfigError("--reward ruler needs --judge (a litellm model or http://host/v1#model)")
         from rewards.ruler import ruler_hook
 
         hook = ruler_hook(cfg.judge)
     model = await TrainableModel(cfg.run, project=cfg.project).register(cfg.server, cfg.api_key)
+    cfg.out.mkdir(parents=True, exist_ok=True)
     held_out, train_tasks = example.eval_tasks()[: cfg.eval_tasks], example.train_tasks(cfg.seed)
     rng = random.Random(cfg.seed)
     summary = Summary(cfg.out / "summary.json", cfg.run, resumed_at=model.step)
@@ -160,17 +201,30 @@ async def train_loop(cfg: LoopConfig) -> dict[str, Any]:
 
     if not summary.evals:
         await eval_now()
-    for _ in range(3 * cfg.steps):  # a step with nothing to train does not advance; give up eventually
-        if model.step >= cfg.steps:
-            break
+    patience = Patience(cfg.patience)
+    # A step with nothing to train does not advance the run: patience ends a streak of those.
+    while model.step < cfg.steps:
         tasks = [train_tasks[rng.randrange(len(train_tasks))] for _ in range(cfg.groups_per_step)]
-        groups = await run_groups(model, example, tasks, cfg.group_size, hook, cfg.progress, f"step {model.step + 1}")
-        result = await model.train(groups, cfg.train)
-        summary.history.append({"step": result.step, "trained": result.trained, **result.metrics.model_dump(),
-                                "warnings": result.warnings})
-        print(step_line(result), flush=True)
-        if result.trained and cfg.eval_every and result.step % cfg.eval_every == 0 and result.step < cfg.steps:
-            await eval_now()
+        try:
+            groups = await run_groups(model, example, tasks, cfg.group_size, hook, cfg.progress,
+                                      f"step {model.step + 1}")
+        except TooManyExceptions as exc:  # an outage may pass: counted as an attempt, not fatal at once
+            attempt = failed_rollouts_record(model.step, exc)
+            print(f"step {model.step + 1:3d} not trained | {exc}", flush=True)
+        else:
+            result = await model.train(groups, cfg.train)
+            attempt = attempt_record(groups, result)
+            print(step_line(result), flush=True)
+            if result.trained and cfg.eval_every and result.step % cfg.eval_every == 0 and result.step < cfg.steps:
+                await eval_now()
+        summary.history.append(attempt)
+        patience.record(attempt)
+        if patience.exhausted:
+            verdict = patience.verdict(model.step, cfg.group_size, where=str(summary.path),
+                                       eval_rewards=tuple(e["reward"] for e in summary.evals))
+            summary.write(stopped={"cause": verdict.cause, "attempts": len(patience.streak), "message": str(verdict)})
+            plot(summary.history, summary.evals, cfg.out / "reward.png")
+            raise verdict
         summary.write()
     if summary.evals[-1]["step"] != model.step:
         await eval_now()
@@ -202,16 +256,47 @@ def main(
     max_tokens: int = typer.Option(None, help="Override the example's tokens per model turn."),
     temperature: float = typer.Option(None, help="Override the example's sampling temperature."),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    patience: int = typer.Option(3, help="Stop, with exit status 3 and the cause, after this many attempts in a "
+                                         "row that trained nothing (e.g. every rollout scored the same)."),
+    debug: bool = typer.Option(False, "--debug", envvar="ARTISAN_DEBUG",
+                               help="Show the full traceback of an error (also ARTISAN_DEBUG=1)."),
 ) -> None:
-    loss_name: LossName = loss  # type: ignore[assignment]  # TrainConfig validates it
-    cfg = LoopConfig(server=server, api_key=api_key, run=run, project=project, example=example, steps=steps,
-                     groups_per_step=groups_per_step, group_size=group_size, eval_every=eval_every,
-                     eval_tasks=eval_tasks, seed=seed, out=out, reward=reward, judge=judge, progress=progress,
-                     train=TrainConfig(learning_rate=learning_rate, loss=loss_name, num_minibatches=num_minibatches,
-                                       epochs=epochs),
-                     rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens, "temperature": temperature})
-    summary = asyncio.run(train_loop(cfg))
-    print(json.dumps({k: summary[k] for k in ("eval_reward_before", "eval_reward_after", "steps", "seconds")}))
+    with cli_errors(debug):
+        cfg = loop_config(server=server, api_key=api_key, run=run, project=project, example=example, steps=steps,
+                          groups_per_step=groups_per_step, group_size=group_size, eval_every=eval_every,
+                          eval_tasks=eval_tasks, seed=seed, out=out, reward=reward, judge=judge, progress=progress,
+                          patience=patience, train={"learning_rate": learning_rate, "loss": loss,
+                                                    "num_minibatches": num_minibatches, "epochs": epochs},
+                          rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens,
+                                             "temperature": temperature})
+        summary = asyncio.run(train_loop(cfg))
+        print(json.dumps({k: summary[k] for k in ("eval_reward_before", "eval_reward_after", "steps", "seconds")}))
+
+
+def loop_config(**options: Any) -> LoopConfig:
+    """The command line's options as a LoopConfig; an option that cannot work is a ConfigError
+    naming it, before anything is started."""
+    losses = get_args(LossName)
+    if options["train"]["loss"] not in losses:
+        raise ConfigError(f"--loss {options['train']['loss']!r} is not a loss: use {', '.join(losses)}. GRPO's "
+                          f"group-relative advantages are used with every loss (ppo, the default, is GRPO with "
+                          f"PPO's clipped objective).")
+    rewards = get_args(LoopConfig.model_fields["reward"].annotation)
+    if options["reward"] not in rewards:
+        raise ConfigError(f"--reward {options['reward']!r}: use env (the environment's own reward) or ruler (an "
+                          f"LLM judge ranks each group; needs --judge)")
+    check_server_url(options["server"], "--server")
+    try:
+        RunSpec(name=options["run"], project=options["project"])
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        flag = "--run" if err["loc"][0] == "name" else "--project"
+        raise ConfigError(f"{flag} {err['input']!r} is not a valid name: 1-64 letters, digits, '_', '-' or '.', "
+                          f"starting with a letter or digit") from None
+    try:
+        return LoopConfig(**options)
+    except ValidationError as exc:
+        raise ConfigError(validation_line(exc, {"name": "--run"})) from None
 
 
 if __name__ == "__main__":

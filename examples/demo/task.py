@@ -3,8 +3,9 @@
 The user asks for an item's price. The right move is to call `get_price` with the item's name,
 then answer with the number the tool returned. Prices are drawn per task, so they can only come
 from the tool. The warm-started model often skips the lookup and answers with a made-up price,
-fluent and wrong: the habit RL has to unlearn. Reward 1 only for a lookup of the right item and
-the right number in the final answer; metrics show which part went wrong.
+fluent and wrong: the habit RL has to unlearn. Reward 1 only for a lookup of the right item and a
+final answer that names that item and states the price the tool returned ("The price of plum is
+36." does not answer a question about a pencil that costs 36); metrics show which part went wrong.
 
 One kind of question on purpose: the embedded model is too small to learn, from a warm start,
 which of two tools a question asks for (its choice at the tool-name token did not depend on the
@@ -45,6 +46,11 @@ def make_task(rng: random.Random, item: str, index: int, split: str) -> Task:
                 metadata={"item": item, "split": split})
 
 
+def names(text: str, item: str) -> bool:
+    """The answer mentions the item as a word, in any case ("Pencil", not "pencils" or "pencilcase")."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(item)}(?![A-Za-z0-9])", text, re.IGNORECASE) is not None
+
+
 def answer_text(item: str, price: int) -> str:
     return f"The price of {item} is {price}."
 
@@ -74,10 +80,12 @@ class ShopEnv(Environment):
         final = messages[-1] if messages and messages[-1].get("role") == "assistant" else {}
         text = final.get("content") or ""
         right_number = d["price"] in {int(n) for n in re.findall(r"\d+", text)}
-        success = looked_up and right_number and not final.get("tool_calls")
+        names_item = names(text, d["item"])
+        success = looked_up and right_number and names_item and not final.get("tool_calls")
         return Score(
             reward=1.0 if success else 0.0,
-            metrics={"looked_up": looked_up, "right_number": right_number, "tool_calls": len(self.calls)},
+            metrics={"looked_up": looked_up, "right_number": right_number, "names_item": names_item,
+                     "tool_calls": len(self.calls)},
         )
 
 

@@ -1,0 +1,60 @@
+"""The demo's reward: a looked-up price, stated in an answer about the item that was asked for."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from examples.demo import task as demo
+
+PENCIL = demo.make_task(random.Random(0), "pencil", 0, "test").model_copy(update={"data": {
+    "item": "pencil", "question": "What is the price of pencil?", "price": 36}})
+
+
+def _score(answer: str, lookups=({"item": "pencil"},)) -> tuple[float, dict]:
+    env = demo.ShopEnv(PENCIL)
+
+    async def go():
+        for args in lookups:
+            try:
+                await env.call_tool("get_price", dict(args))
+            except demo.ToolError:
+                pass
+        messages = env.initial_messages() + [{"role": "assistant", "content": answer}]
+        return await env.score(messages)
+
+    score = asyncio.run(go())
+    return score.reward, score.metrics
+
+
+def test_the_right_number_about_another_item_earns_nothing():
+    reward, metrics = _score("The price of plum is 36.")
+    assert reward == 0.0
+    assert metrics["looked_up"] and metrics["right_number"] and not metrics["names_item"]
+
+
+def test_the_item_and_the_looked_up_price_earn_the_reward():
+    for answer in ("The price of pencil is 36.", "PENCIL: 36 dollars", "A pencil costs $36."):
+        reward, metrics = _score(answer)
+        assert reward == 1.0 and metrics["names_item"], answer
+
+
+def test_every_part_is_required():
+    assert _score("The price of pencil is 35.")[0] == 0.0  # not the tool's number
+    assert _score("The price of pencil is 36.", lookups=())[0] == 0.0  # no lookup: a guess
+    reward, metrics = _score("The price of pencil is 36.", lookups=({"item": "plum"},))
+    assert reward == 0.0 and not metrics["looked_up"]  # looked up the wrong item
+    assert not _score("The price of pencils is 36.")[1]["names_item"]  # a word match, not a prefix
+    assert not _score("The pencilcase is 36.")[1]["names_item"]
+
+
+def test_the_demonstrations_still_earn_the_reward():
+    """The warm start's right answers must score 1 under this reward, its mistakes 0."""
+    rng = random.Random(1)
+    for task in demo.make_example(n_train=32).train_tasks(3):
+        for mistake in (False, True):
+            messages = demo.demonstration(task, mistake, rng)
+            env = demo.ShopEnv(task)
+            if not mistake:
+                asyncio.run(env.call_tool("get_price", {"item": task.data["item"]}))
+            assert asyncio.run(env.score(messages)).reward == (0.0 if mistake else 1.0)

@@ -1,0 +1,129 @@
+"""`python -m client.train` stops when a run cannot learn, and says why.
+
+A step with nothing to train does not advance the run; before, the loop tried again up to 3 x
+--steps times in silence and then "succeeded" at step 0. Now --patience attempts in a row that
+trained nothing end the run with exit status 3 and one paragraph naming the cause.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from client.errors import EXIT_CANNOT_LEARN
+from client.patience import Patience, diagnose
+from tests.conftest import ROOT
+
+
+def _attempt(trained: bool = False, rewards=(0.0,), groups: int = 2, constant: int | None = None,
+             largest: int = 4, tokens: int = 0, warnings=(), **extra) -> dict:
+    return {"step": 0, "trained": trained, "groups_total": groups,
+            "groups_dropped_constant": groups if constant is None else constant, "trajectories_total": groups * largest,
+            "trajectories_excluded": 0, "trainable_tokens": tokens, "reward_values": list(rewards),
+            "largest_group": largest, "first_exception": None, "warnings": list(warnings), **extra}
+
+
+def test_constant_rewards_name_the_reward_seen():
+    cause, text = diagnose([_attempt()] * 3)
+    assert cause == "constant_reward"
+    assert "Every rollout scored 0.0" in text and "never earns reward" in text and "--model" in text
+    _, solved = diagnose([_attempt(rewards=(1.0,))] * 3)
+    assert "scored 1.0" in solved and "already solves" in solved
+    _, mixed = diagnose([_attempt(rewards=(0.0,)), _attempt(rewards=(0.0, 1.0))])
+    assert "rewards seen: 0.0, 1.0" in mixed and "--temperature" in mixed
+
+
+def test_reward_earned_elsewhere_in_the_run_means_too_rare_not_never():
+    """A run with sparse reward can draw three all-zero batches in a row; it does earn reward, so
+    "never earns reward" would send the user the wrong way."""
+    patience = Patience(limit=3)
+    for attempt in (_attempt(trained=True, rewards=(0.0, 1.0), constant=1), _attempt(), _attempt(), _attempt()):
+        patience.record(attempt)
+    assert patience.exhausted and patience.best_reward == 1.0
+    text = str(patience.verdict(step=1))
+    assert "too rare" in text and "--group-size" in text and "never earns" not in text
+    fresh = Patience(limit=1)
+    fresh.record(_attempt())
+    assert "too rare" in str(fresh.verdict(step=0, eval_rewards=(0.125,)))  # seen in the held-out evaluation
+    assert "never earns" in str(fresh.verdict(step=0, eval_rewards=(0.0,)))
+
+
+def test_a_collapse_the_server_saw_is_passed_on():
+    collapse = "Reward fell from 0.5 at the last trained step to 0: the last update probably broke the policy."
+    _, text = diagnose([_attempt(warnings=("All 2 groups had the same reward", collapse))] * 2)
+    assert collapse in text
+
+
+def test_groups_of_one_are_named_before_constant_rewards():
+    cause, text = diagnose([_attempt(largest=1)] * 3, group_size=1)
+    assert cause == "group_size_1" and "--group-size 2" in text
+    _, survivors = diagnose([_attempt(largest=1, first_exception="ConnectError: refused")] * 3, group_size=4)
+    assert "ConnectError: refused" in survivors
+
+
+def test_failed_rollouts_are_infrastructure_with_the_first_error():
+    failed = {"step": 0, "trained": False, "warnings": [],
+              "rollouts_failed": "8 of 8 rollouts failed (limit 4); first error: APIConnectionError: Connection error."}
+    cause, text = diagnose([failed] * 3)
+    assert cause == "rollouts_failed"
+    assert "APIConnectionError: Connection error." in text and "infrastructure" in text and "not a reward of 0" in text
+    cause, text = diagnose([_attempt(trajectories_total=0, trajectories_excluded=8,
+                                     first_exception="ToolBackendDown: 503")] * 3)
+    assert cause == "rollouts_failed" and "ToolBackendDown: 503" in text and "8 of 8" in text
+
+
+def test_nothing_trainable_repeats_the_servers_reason():
+    said = "No trainable tokens: the trajectories contain no Choice objects. Append the Choice..."
+    cause, text = diagnose([_attempt(constant=0, rewards=(0.0, 1.0), warnings=(said,))] * 3)
+    assert cause == "no_trainable_choices" and said in text
+
+
+def test_the_most_frequent_cause_wins_and_a_trained_attempt_resets_the_count():
+    failed = {"step": 0, "trained": False, "rollouts_failed": "2 of 2 rollouts failed", "warnings": []}
+    assert diagnose([failed, _attempt(), _attempt()])[0] == "constant_reward"
+    assert diagnose([_attempt(), failed])[0] == "rollouts_failed"  # a tie: the latest
+    patience = Patience(limit=2)
+    for attempt in (_attempt(), _attempt(trained=True), _attempt()):
+        patience.record(attempt)
+        assert not patience.exhausted
+    patience.record(_attempt())
+    assert patience.exhausted
+    verdict = patience.verdict(step=1, where="out/summary.json")
+    assert str(verdict).startswith("Stopped: 2 training attempts in a row trained nothing, so the run stays at step 1.")
+    assert str(verdict).endswith("The attempts are in out/summary.json.") and "\n" not in str(verdict)
+
+
+def _train(srv, out, run: str, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "client.train", "--server", srv.url, "--run", run, "--out", str(out),
+           "--no-progress", "--eval-every", "0", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+
+
+def test_retail_on_the_embedded_model_stops_naming_constant_rewards(fresh_server_module, tmp_path):
+    """The embedded model never solves a retail task: every rollout scores 0.0. The loop used to
+    retry for 34 minutes and exit 0 at step 0; it must stop after --patience (3) attempts."""
+    srv = fresh_server_module()
+    out = tmp_path / "retail"
+    proc = _train(srv, out, "retail-stops", "--example", "retail", "--steps", "5", "--groups-per-step", "2",
+                  "--group-size", "2", "--eval-tasks", "2", "--max-turns", "2", "--max-tokens", "24")
+    assert proc.returncode == EXIT_CANNOT_LEARN, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    message = proc.stderr.strip()
+    assert "Every rollout scored 0.0" in message and "never earns reward" in message and "\n" not in message
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped"]["message"] == message and summary["stopped"]["cause"] == "constant_reward"
+    assert len(summary["history"]) == 3 and not any(h["trained"] for h in summary["history"])
+    assert summary["steps"] == 0 and all(h["reward_values"] == [0.0] for h in summary["history"])
+    assert proc.stdout.count("not trained |") == 3
+
+
+def test_group_size_one_stops_with_its_own_cause(fresh_server_module, tmp_path):
+    srv = fresh_server_module()
+    proc = _train(srv, tmp_path, "one-per-group", "--example", "demo", "--steps", "2", "--groups-per-step", "2",
+                  "--group-size", "1", "--eval-tasks", "2", "--patience", "1")
+    assert proc.returncode == EXIT_CANNOT_LEARN, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "--group-size 1" in proc.stderr and "Stopped: 1 training attempt in a row" in proc.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["stopped"]["cause"] == "group_size_1"
