@@ -9,7 +9,7 @@
     ...  # ART's own rollouts, gather_trajectory_groups, RULER
     result = await backend.train(model, groups)          # ART's keywords, ART's meanings
 
-Implements `art.Backend` of openpipe-art 0.5.x (`pip install 'artisan[art]'`). `train` takes ART's
+Implements `art.Backend` of openpipe-art 0.5.x (`pip install -e '.[art]'`). `train` takes ART's
 keyword arguments and gives them ART's meaning: its loss names and their epsilon defaults (cispo:
 1.0 / 4.0, ppo: 0.2), `normalize_advantages` and `scale_rewards`. An argument whose meaning
 art-server cannot reproduce raises with its name when given a non-default value; never ignored.

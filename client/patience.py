@@ -81,8 +81,9 @@ def _constant_reward(attempts: list[dict[str, Any]], best_elsewhere: float | Non
 
 def _rollouts_failed(attempts: list[dict[str, Any]]) -> str:
     a = attempts[-1]
-    detail = a.get("rollouts_failed") or (f"{a.get('trajectories_excluded', 0)} of {a.get('trajectories_excluded', 0)} "
-                                          f"rollouts failed; first error: {a.get('first_exception')}")
+    failed = a.get("trajectories_excluded", 0)
+    detail = a.get("rollouts_failed") or (f"{failed} of {failed + a.get('trajectories_total', 0)} rollouts failed; "
+                                          f"first error: {a.get('first_exception')}")
     return (f"The rollouts failed ({detail}). That is an infrastructure failure (the server, a tool backend or "
             f"the judge), not a reward of 0, so nothing was trained. Fix what the error names and run again.")
 

@@ -144,8 +144,9 @@ def step_line(result: TrainResult) -> str:
     m = result.metrics
     gap = "None" if m.logprob_gap is None else f"{m.logprob_gap:.1e}"
     head = f"step {result.step:3d}" if result.trained else f"step {result.step + 1:3d} not trained"
+    dropped = m.groups_dropped_constant + m.groups_dropped_single + m.groups_dropped_failed
     return (f"{head} | reward {m.reward_mean or 0:.3f} | groups {m.groups_trainable}/{m.groups_total} "
-            f"trainable, {m.groups_dropped_constant} dropped | exceptions {m.trajectories_excluded} | logprob_gap "
+            f"trainable, {dropped} dropped | exceptions {m.trajectories_excluded} | logprob_gap "
             f"{gap} | {m.step_seconds or 0:.1f}s" + "".join(f"\n  warning: {w}" for w in result.warnings))
 
 

@@ -1,4 +1,4 @@
-"""The demo's reward: a looked-up price, stated in an answer about the item that was asked for."""
+"""The demo's reward: the asked item looked up, its price stated, and no other item named."""
 
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ def _score(answer: str, lookups=({"item": "pencil"},)) -> tuple[float, dict]:
 def test_the_right_number_about_another_item_earns_nothing():
     reward, metrics = _score("The price of plum is 36.")
     assert reward == 0.0
-    assert metrics["looked_up"] and metrics["right_number"] and not metrics["names_item"]
+    assert metrics["looked_up"] and metrics["right_number"] and metrics["names_other_item"]
 
 
-def test_the_item_and_the_looked_up_price_earn_the_reward():
-    for answer in ("The price of pencil is 36.", "PENCIL: 36 dollars", "A pencil costs $36."):
+def test_the_looked_up_price_earns_the_reward():
+    for answer in ("The price is 36.", "The price of pencil is 36.", "PENCIL: 36 dollars", "A pencil costs $36."):
         reward, metrics = _score(answer)
-        assert reward == 1.0 and metrics["names_item"], answer
+        assert reward == 1.0 and not metrics["names_other_item"], answer
 
 
 def test_every_part_is_required():
@@ -44,8 +44,8 @@ def test_every_part_is_required():
     assert _score("The price of pencil is 36.", lookups=())[0] == 0.0  # no lookup: a guess
     reward, metrics = _score("The price of pencil is 36.", lookups=({"item": "plum"},))
     assert reward == 0.0 and not metrics["looked_up"]  # looked up the wrong item
-    assert not _score("The price of pencils is 36.")[1]["names_item"]  # a word match, not a prefix
-    assert not _score("The pencilcase is 36.")[1]["names_item"]
+    assert _score("The price of pencil, not of plum, is 36.")[0] == 0.0  # another item named
+    assert _score("Pineapples: 36.")[0] == 1.0  # a word match, not a prefix ("apple" is an item)
 
 
 def test_the_demonstrations_still_earn_the_reward():

@@ -4,8 +4,9 @@ The user asks for an item's price. The right move is to call `get_price` with th
 then answer with the number the tool returned. Prices are drawn per task, so they can only come
 from the tool. The warm-started model often skips the lookup and answers with a made-up price,
 fluent and wrong: the habit RL has to unlearn. Reward 1 only for a lookup of the right item and a
-final answer that names that item and states the price the tool returned ("The price of plum is
-36." does not answer a question about a pencil that costs 36); metrics show which part went wrong.
+final answer that states the price the tool returned and names no other item ("The price of plum
+is 36." does not answer a question about a pencil that costs 36); metrics show which part went
+wrong.
 
 One kind of question on purpose: the embedded model is too small to learn, from a warm start,
 which of two tools a question asks for (its choice at the tool-name token did not depend on the
@@ -51,8 +52,11 @@ def names(text: str, item: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(item)}(?![A-Za-z0-9])", text, re.IGNORECASE) is not None
 
 
-def answer_text(item: str, price: int) -> str:
-    return f"The price of {item} is {price}."
+def answer_text(price: int) -> str:
+    # The item is not repeated: a model this small copies it into the tool call reliably but not
+    # into prose (trained on "The price of {item} is {n}.", it named the asked item in 3 answers
+    # of 128), so the answer states the price of what was looked up, and naming any other item fails.
+    return f"The price is {price}."
 
 
 class ShopEnv(Environment):
@@ -80,11 +84,11 @@ class ShopEnv(Environment):
         final = messages[-1] if messages and messages[-1].get("role") == "assistant" else {}
         text = final.get("content") or ""
         right_number = d["price"] in {int(n) for n in re.findall(r"\d+", text)}
-        names_item = names(text, d["item"])
-        success = looked_up and right_number and names_item and not final.get("tool_calls")
+        other_item = next((i for i in ITEMS if i != d["item"] and names(text, i)), None)
+        success = looked_up and right_number and other_item is None and not final.get("tool_calls")
         return Score(
             reward=1.0 if success else 0.0,
-            metrics={"looked_up": looked_up, "right_number": right_number, "names_item": names_item,
+            metrics={"looked_up": looked_up, "right_number": right_number, "names_other_item": other_item is not None,
                      "tool_calls": len(self.calls)},
         )
 
@@ -96,14 +100,14 @@ def demonstration(task: Task, mistake: bool, rng: random.Random) -> list[Message
     system_and_user = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": d["question"]}]
     if mistake:
         guess = rng.choice([n for n in range(2, 100) if n != d["price"]])
-        return [*system_and_user, {"role": "assistant", "content": answer_text(d["item"], guess)}]
+        return [*system_and_user, {"role": "assistant", "content": answer_text(guess)}]
     call_id = f"call_{rng.randrange(16**8):08x}"
     return [
         *system_and_user,
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": call_id, "type": "function", "function": {"name": "get_price", "arguments": json.dumps({"item": d["item"]})}}]},
         {"role": "tool", "tool_call_id": call_id, "content": json.dumps({"item": d["item"], "price": d["price"]})},
-        {"role": "assistant", "content": answer_text(d["item"], d["price"])},
+        {"role": "assistant", "content": answer_text(d["price"])},
     ]
 
 

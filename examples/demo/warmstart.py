@@ -42,8 +42,8 @@ async def _sft(url: str, convs: list[Conversation], epochs: int, lr: float, rank
     for epoch in range(epochs):
         t0 = time.time()
         result = await model.train_sft(convs, SFTConfig(learning_rate=lr, batch_size=16))
-        print(f"epoch {epoch + 1}/{epochs}: loss {result.metrics['loss']:.3f} "
-              f"({time.time() - t0:.0f}s, {result.metrics['tokens_per_second']:.0f} tok/s)", flush=True)
+        print(f"epoch {epoch + 1}/{epochs}: loss {result.metrics.loss:.3f} "
+              f"({time.time() - t0:.0f}s, {result.metrics.tokens_per_second:.0f} tok/s)", flush=True)
 
 
 # 6000 demonstrations at a 70% mistake rate leave 1800 lookups, enough for the item to be copied
