@@ -70,6 +70,10 @@ DIFFERENCES = {
     "step_with_no_signal": "a step whose every group has one reward: artisan does not step (nothing to train); "
                            "TRL steps AdamW on a zero gradient, which still moves the LoRA by its momentum",
     "precision": "both float32 on CPU (TRL bf16=False, gradient checkpointing off)",
+    "per_step_work": "artisan also runs its health figures (a no-adapter forward of one micro-batch for KL to "
+                     "base, entropy, LoRA update norm), writes a checkpoint and serves the new adapter, and the "
+                     "rollouts go over HTTP; TRL computes entropy and logs. Both spend most of a step in the "
+                     "prompt's forward passes: the two-shot prompt is ~150 tokens, the answers 2-3",
 }
 
 
@@ -136,7 +140,7 @@ async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows)
             batch = tasks[(step - 1) * a.prompts_per_step: step * a.prompts_per_step]
             groups = await gather_trajectory_groups(
                 [[rollout(client, model.name, example.make_env(t), t, example.settings) for _ in range(a.group_size)]
-                 for t in batch], progress=False)
+                 for t in batch], progress=False, concurrency=len(batch) * a.group_size)  # one batch, as TRL samples
             result = await model.train(groups, config)
             train_seconds += time.perf_counter() - started
             trained_steps += int(result.trained)
@@ -290,11 +294,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", default=learn_task.TASK, choices=sorted(learn_task.SETTINGS))
     ap.add_argument("--prompt", default=learn_task.PROMPT, choices=sorted(learn_task.PROMPTS))
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--eval-n", type=int, default=128, help="held-out questions")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--eval-every", type=int, default=4)
+    ap.add_argument("--eval-n", type=int, default=64, help="held-out questions")
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--prompts-per-step", type=int, default=8)
+    ap.add_argument("--prompts-per-step", type=int, default=4)
     ap.add_argument("--lr", type=float, default=None, help="default: art-server's own for the model (about 1.3e-3)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=8)
