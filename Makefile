@@ -97,3 +97,18 @@ $(VF_STAMP): pyproject.toml Makefile environments/reasoning_gym_env/pyproject.to
 
 test-verifiers: install $(VF_STAMP)
 	$(VF_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/verifiers_env
+
+# GRPO on a reasoning-gym task (SmolLM2-135M, CPU) through art-server and through TRL's GRPOTrainer,
+# same task, prompts, reward and hyperparameters; held-out accuracy against training wall time.
+# Installs the `bench` extra (TRL, reasoning-gym) into .venv. `make bench-learn LEARN_ARGS=--quick`
+# is a 2-step smoke run.
+LEARN_ARGS ?=
+BENCH_STAMP := .venv/.bench-installed
+.PHONY: bench-learn
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -q -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench-learn: install $(BENCH_STAMP)
+	$(PY) bench/learn.py $(LEARN_ARGS)
