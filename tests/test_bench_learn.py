@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("reasoning_gym")
-
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
