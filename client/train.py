@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import json
 import pkgutil
 import random
@@ -62,10 +63,9 @@ class LoopConfig(BaseModel):
 
 def example_names() -> list[str]:
     """The short names `--example` takes: the packages under examples/ that define make_example."""
-    import examples
-
+    spec = importlib.util.find_spec("examples")  # found by name: the client does not import examples/
     names = []
-    for info in pkgutil.iter_modules(examples.__path__):
+    for info in pkgutil.iter_modules(spec.submodule_search_locations if spec else []):
         try:
             if info.ispkg and hasattr(importlib.import_module(f"examples.{info.name}"), "make_example"):
                 names.append(info.name)

@@ -8,6 +8,10 @@ often answers without looking the price up, so RL has something to fix.
 2. Start art-server on it and warm-start a LoRA through the server's own SFT job, on synthetic
    demonstrations where a fixed share skip the lookup and state a made-up price.
 3. Merge the LoRA into the base weights and save the result.
+
+`--base` warm-starts a model that was built already: the shipped model is the one this recipe
+built with the item repeated in the answer ("The price of {item} is {n}."), warm-started again on
+the current answer with `--base <that model> --n 3000 --epochs 1` (about 5 minutes).
 """
 
 from __future__ import annotations
