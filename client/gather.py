@@ -76,12 +76,19 @@ async def gather_trajectory_groups(
     finally:
         if bar:
             bar.close()
-    failed = sum(len(g.exceptions) for g in out)
+    check_exceptions(out, total, max_exceptions)
+    return out
+
+
+def check_exceptions(groups: list[TrajectoryGroup], total: int, max_exceptions: int | float,
+                     what: str = "rollouts") -> None:
+    """Raise TooManyExceptions when more of the `total` rollouts failed than `max_exceptions` (a
+    count, or a fraction of `total`) allows."""
+    failed = sum(len(g.exceptions) for g in groups)
     allowed = max_exceptions if isinstance(max_exceptions, int) else int(max_exceptions * total)
     if failed > allowed:
-        sample = next(e for g in out for e in g.exceptions)
-        raise TooManyExceptions(f"{failed} of {total} rollouts failed (limit {allowed}); first error: {sample}")
-    return out
+        first = next(e for g in groups for e in g.exceptions)
+        raise TooManyExceptions(f"{failed} of {total} {what} failed (limit {allowed}); first error: {first}")
 
 
 class _Bar:

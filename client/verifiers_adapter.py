@@ -28,7 +28,7 @@ import verifiers.v1 as vf
 from aiohttp import web
 from openai.types.chat.chat_completion import Choice
 
-from client.gather import TooManyExceptions
+from client.gather import check_exceptions
 from client.model import TrainableModel
 from protocol.trajectory import History, Trajectory, TrajectoryGroup
 
@@ -253,10 +253,5 @@ async def gather_verifiers_groups(env: vf.Env, model: TrainableModel, tasks: Ite
 
         async with env.serving():
             groups = await asyncio.gather(*(group(t) for t in tasks))
-    total = group_size * len(tasks)
-    failed = sum(len(g.exceptions) for g in groups)
-    allowed = max_exceptions if isinstance(max_exceptions, int) else int(max_exceptions * total)
-    if failed > allowed:
-        first = next(e for g in groups for e in g.exceptions)
-        raise TooManyExceptions(f"{failed} of {total} verifiers rollouts failed (limit {allowed}); first error: {first}")
+    check_exceptions(groups, group_size * len(tasks), max_exceptions, "verifiers rollouts")
     return groups
