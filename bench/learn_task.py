@@ -12,7 +12,8 @@ import functools
 from typing import Any
 
 import reasoning_gym
-from reasoning_gym.utils import extract_answer
+
+from rewards.reasoning_gym import score_reply
 
 # Easy settings of reasoning-gym datasets; `bench/learn_base_rates.py` measures SmolLM2 on each.
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -64,10 +65,4 @@ def _shots(task: str) -> tuple[dict[str, str], ...]:
                  for m in ({"role": "user", "content": ex["question"]}, {"role": "assistant", "content": str(ex["answer"])}))
 
 
-def score(reply: str | None, row: dict[str, Any]) -> float:
-    """reasoning-gym's score of a reply (it gives partial credit on some datasets)."""
-    answer = extract_answer(reply or "")
-    if answer is None:
-        answer = (reply or "").strip()
-    score_answer = reasoning_gym.get_score_answer_fn(row["metadata"]["source_dataset"])
-    return float(score_answer(answer, row))
+score = score_reply  # reasoning-gym's own score_answer (rewards/reasoning_gym.py)

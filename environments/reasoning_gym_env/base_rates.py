@@ -15,7 +15,7 @@ import openai
 import reasoning_gym
 from reasoning_gym.utils import SYSTEM_PROMPTS
 
-from reasoning_gym_env.taskset import score_reply
+from rewards.reasoning_gym import score_reply
 
 TASKS = {
     "basic_arithmetic": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=("+", "-"), allow_parentheses=False, allow_negation=False),

@@ -18,6 +18,8 @@ import reasoning_gym
 import verifiers.v1 as vf
 from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer
 
+from rewards.reasoning_gym import score_reply
+
 TASKSET_ID = "reasoning-gym-env"
 
 
@@ -41,14 +43,6 @@ class ReasoningGymTask(vf.Task[ReasoningGymData]):
     async def tagged(self, trace: vf.Trace) -> float:
         return float(extract_answer(trace.last_reply or "") is not None)
 
-
-def score_reply(reply: str | None, entry: dict[str, Any]) -> float:
-    """reasoning-gym's score of a reply: the last `<answer>` if there is one, else the reply."""
-    answer = extract_answer(reply or "")
-    if answer is None:
-        answer = (reply or "").strip()
-    score_answer = reasoning_gym.get_score_answer_fn(entry["metadata"]["source_dataset"])
-    return float(score_answer(answer, entry))
 
 
 class ReasoningGymConfig(vf.TasksetConfig):

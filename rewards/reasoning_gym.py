@@ -1,0 +1,18 @@
+"""reasoning-gym's own score of a reply, as every artisan user of reasoning-gym scores it (the
+verifiers taskset in environments/reasoning_gym_env, bench/learn.py): `score_answer` of the
+row's dataset, on the reply's last `<answer>` if it wrote one, else on the stripped reply, so a
+bare correct answer still counts. Needs the `reasoning-gym` package."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def score_reply(reply: str | None, row: dict[str, Any]) -> float:
+    import reasoning_gym  # here, not at the top: rewards/ is imported where reasoning-gym is not installed
+    from reasoning_gym.utils import extract_answer
+
+    answer = extract_answer(reply or "")
+    if answer is None:
+        answer = (reply or "").strip()
+    return float(reasoning_gym.get_score_answer_fn(row["metadata"]["source_dataset"])(answer, row))
