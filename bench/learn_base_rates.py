@@ -16,11 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import openai  # noqa: E402
 
-import learn_task  # noqa: E402
+from examples import reasoning_gym as learn_task  # noqa: E402
 
 
 async def main(url: str, model: str, n: int, temperature: float, max_tokens: int, tasks: list[str],

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from examples import reasoning_gym as learn_task
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -23,7 +25,6 @@ def _load(name: str):
         sys.path.remove(str(BENCH))
 
 
-learn_task = _load("learn_task")
 
 
 def test_the_fewshot_prompt_puts_solved_questions_of_the_same_dataset_before_the_question():

@@ -143,7 +143,12 @@ def test_default_learning_rate_scales_with_model_size():
     assert learning_rate_for(4096, "qwen2") < learning_rate_for(2560, "qwen2") < learning_rate_for(256, "qwen2")
     # tinker-cookbook's Llama fit falls much faster with width: 8B's hidden size 4096 -> ~2.9e-4
     assert learning_rate_for(4096, "llama") == pytest.approx(2.86e-4, rel=0.05)
-    assert learning_rate_for(576, "llama") > 2 * learning_rate_for(576, "qwen2")
+    assert learning_rate_for(4096, "llama") < learning_rate_for(2048, "llama")
+
+
+def test_the_steep_llama_fit_is_not_extrapolated_below_the_smallest_model_it_was_fitted_on():
+    # SmolLM2-135M (hidden 576) learns at the 1B value and collapsed at the extrapolated 1.3e-3.
+    assert learning_rate_for(576, "llama") == learning_rate_for(2048, "llama") == pytest.approx(4.9e-4, rel=0.01)
 
 
 def step_warnings(figures: dict, previous: dict | None = None) -> list[str]:

@@ -1,0 +1,121 @@
+"""reasoning-gym's procedural tasks as an artisan example, for a small chat model.
+
+One question, one answer, scored by reasoning-gym's own `score_answer` (rewards/reasoning_gym.py).
+SmolLM2-135M ignores reasoning-gym's own prompt (it answers in sentences, 0% exact on every easy
+task tried); two solved questions of the same dataset as earlier chat turns make it copy their
+form, which puts its base accuracy between 10% and 30% on the easy settings below: room to learn,
+and groups that disagree. bench/learn_base_rates.py measures it per task and prompt. The default,
+leg_counting (one kind of animal, one or two of it), is the one of those on which GRPO raised
+held-out accuracy: on the arithmetic ones the model copies the last solved answer's shape ("-6")
+and has no sum to find.
+
+This is the task bench/learn.py trains with artisan and with TRL, and the one the SmolLM2
+learning regression test (tests/learning/) trains:
+
+    python -m client.train --server URL --example reasoning_gym --steps 24 --group-size 8 --groups-per-step 4
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import reasoning_gym
+
+from rewards.reasoning_gym import score_reply
+from rollouts.env import Environment, Example, RolloutSettings, Score, Task, ToolError
+
+# Easy settings of reasoning-gym datasets; bench/learn_base_rates.py measures SmolLM2 on each.
+SETTINGS: dict[str, dict[str, Any]] = {
+    "basic_arithmetic": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=("+", "-"),
+                             allow_parentheses=False, allow_negation=False),
+    "chain_sum": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+    "products": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+    "spell_backward": dict(min_word_len=3, max_word_len=4),
+    "gcd": dict(min_value=1, max_value=20),
+    "lcm": dict(min_value=1, max_value=10),
+    "leg_counting": dict(min_animals=1, max_animals=1, min_instances=1, max_instances=2),
+    "count_bits": dict(min_n=1, max_n=16),
+    "letter_counting": dict(min_words=3, max_words=5),
+}
+
+# System prompts that ask for the bare answer, each (system prompt, text appended to the question);
+# the user-turn variants repeat the instruction where a small chat model attends to it most.
+PROMPTS: dict[str, tuple[str, str]] = {
+    "number": ("Answer with only the number.", ""),
+    "final": ("Reply with only the final answer, nothing else.", ""),
+    "user_number": ("Answer with only the number.", "\nAnswer with only the number."),
+    "user_final": ("Reply with only the final answer, nothing else.", "\nReply with only the final answer, nothing else."),
+    # Two solved questions of the same dataset as earlier chat turns: the model copies their form.
+    "fewshot": ("Answer with only the final answer.", ""),
+}
+FEWSHOT_SEED, FEWSHOT_N = 99_999, 2
+
+TASK, PROMPT = "leg_counting", "fewshot"  # chosen by measuring: see the README (bench/learn_base_rates.py)
+TRAIN_SEED, EVAL_SEED = 0, 10_000  # disjoint seeds: the held-out rows are other questions
+
+
+def rows(task: str, size: int, seed: int) -> list[dict[str, Any]]:
+    return list(reasoning_gym.create_dataset(task, size=size, seed=seed, **SETTINGS[task]))
+
+
+def messages(row: dict[str, Any], prompt: str) -> list[dict[str, str]]:
+    system, suffix = PROMPTS[prompt]
+    shots = list(_shots(row["metadata"]["source_dataset"])) if prompt == "fewshot" else []
+    return [{"role": "system", "content": system}, *shots, {"role": "user", "content": row["question"] + suffix}]
+
+
+@functools.cache
+def _shots(task: str) -> tuple[dict[str, str], ...]:
+    return tuple(m for ex in rows(task, FEWSHOT_N, FEWSHOT_SEED)
+                 for m in ({"role": "user", "content": ex["question"]}, {"role": "assistant", "content": str(ex["answer"])}))
+
+
+score = score_reply
+
+
+class ReasoningGymEnv(Environment):
+    """One question; the first answer ends the episode."""
+
+    def __init__(self, row: dict[str, Any], prompt: str):
+        self.row, self.prompt = row, prompt
+
+    def initial_messages(self):
+        return messages(self.row, self.prompt)
+
+    async def call_tool(self, name, arguments):
+        raise ToolError("this task has no tools")
+
+    async def score(self, history) -> Score:
+        return Score(reward=score_reply(history[-1].get("content"), self.row))
+
+
+@dataclass
+class ReasoningGymExample(Example):
+    task: str = TASK
+    prompt: str = PROMPT
+    n_train: int = 1024
+    n_eval: int = 64
+
+    def train_tasks(self, seed: int) -> list[Task]:
+        # `seed` orders nothing here: client.train shuffles; the rows are fixed by TRAIN_SEED so a
+        # run and its baseline see the same questions.
+        return [Task(id=f"train-{i}", data={"row": r}) for i, r in enumerate(self._rows(self.n_train, TRAIN_SEED))]
+
+    def eval_tasks(self) -> list[Task]:
+        return [Task(id=f"eval-{i}", data={"row": r}) for i, r in enumerate(self._rows(self.n_eval, EVAL_SEED))]
+
+    def make_env(self, task: Task) -> Environment:
+        return ReasoningGymEnv(task.data["row"], self.prompt)
+
+    def _rows(self, size: int, seed: int) -> list[dict[str, Any]]:
+        return rows(self.task, size, seed)
+
+
+def make_example(task: str = TASK, prompt: str = PROMPT, **kwargs: Any) -> ReasoningGymExample:
+    if task not in SETTINGS:
+        raise ValueError(f"reasoning-gym task {task!r}: the tasks with settings here are {', '.join(sorted(SETTINGS))}")
+    # Bare answers are a few tokens; 8 leaves room for a sentence the reward then scores 0.
+    return ReasoningGymExample(name=f"reasoning-gym-{task}", task=task, prompt=prompt,
+                               settings=RolloutSettings(max_turns=1, max_tokens=8, temperature=1.0), **kwargs)
