@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from protocol.choices import Message, MessageOrChoice, as_message, is_choice_dict
 
+MAX_ABS_REWARD = 1e9
+
 
 class History(BaseModel):
     """Another conversation the rollout's model held (ART's sub-agent or compaction histories):
@@ -52,7 +54,9 @@ class Trajectory(History):
     """One rollout: context messages (dicts) interleaved with the model's sampled turns (Choices)."""
 
     additional_histories: list[History] = Field(default_factory=list)
-    reward: float = Field(default=0.0, allow_inf_nan=False)
+    # Bounded so that group statistics (squares of rewards) stay finite: 1e308 passed validation and
+    # then failed the job with an OverflowError.
+    reward: float = Field(default=0.0, allow_inf_nan=False, ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD)
     metrics: dict[str, float | int | bool | None] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)

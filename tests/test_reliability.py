@@ -53,6 +53,10 @@ def _rl_body(groups: list[TrajectoryGroup], key: str, **config) -> dict:
             "config": {"learning_rate": 1e-3, **config}, "idempotency_key": key}
 
 
+def _register(url: str, name: str) -> None:
+    assert _post(url, "/v1/runs", {"name": name}).status_code == 200
+
+
 # ---- a crash at any instant leaves each step whole or absent --------------------------------------
 
 def test_sigkill_at_every_point_of_a_step_leaves_it_whole_or_absent(tmp_path, groups):
@@ -213,6 +217,44 @@ def test_a_key_reused_for_another_body_is_a_409(server, groups):
             await model.train(groups[:1], CONFIG, idempotency_key="same")
         assert e.value.status == 409
     asyncio.run(go())
+
+
+def test_a_byte_identical_retry_without_start_times_is_the_same_job(server, groups):
+    """curl and other-language clients send no start_time; the server's default for it must not make
+    their retry a different body (it was 202, then 409)."""
+    body = _rl_body(groups, "k-raw")
+    for g in body["groups"]:
+        for t in g["trajectories"]:
+            del t["start_time"], t["end_time"]
+    _register(server.url, "raw-retry")
+    first = _post(server.url, "/v1/runs/raw-retry/jobs", body)
+    again = _post(server.url, "/v1/runs/raw-retry/jobs", body)
+    assert (first.status_code, again.status_code) == (202, 202), again.text
+    assert again.json()["job_id"] == first.json()["job_id"]
+
+
+def test_a_reward_too_large_for_group_statistics_is_a_400_naming_it(server, groups):
+    body = _rl_body(groups, "k-huge")
+    body["groups"][0]["trajectories"][0]["reward"] = 1e308
+    _register(server.url, "huge-reward")
+    r = _post(server.url, "/v1/runs/huge-reward/jobs", body)
+    assert r.status_code == 400, r.text
+    assert "reward" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_following_a_finished_job_past_its_last_event_ends_the_stream(server, groups):
+    _register(server.url, "events-past-end")
+    job = _post(server.url, "/v1/runs/events-past-end/jobs", _rl_body(groups, "k-events")).json()["job_id"]
+    with httpx.stream("GET", f"{server.url}/v1/jobs/{job}/events", timeout=120) as r:  # to the end
+        seen = [line for line in r.iter_lines() if line.startswith("data:")]
+    last = json.loads(seen[-1][len("data: "):])["seq"]
+    # Past the end: an empty stream that closes (it sent keep-alives forever); the read timeout is
+    # below the 15 s keep-alive interval, so a stream that stays open fails here.
+    with httpx.stream("GET", f"{server.url}/v1/jobs/{job}/events", params={"after": last + 10**6},
+                      timeout=httpx.Timeout(60, read=10)) as r:
+        assert r.status_code == 200
+        assert [line for line in r.iter_lines() if line.strip()] == []
 
 
 # ---- jobs end ------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from server.api.errors import APIError
 from server.api.limits import GuardedRoute
 from server.store import trajectory_rows
 from server.training.assemble import AssemblyError, check_submission
-from server.training.jobs import KeyConflict
+from server.training.jobs import ACTIVE, KeyConflict
 from server.training.runs import RunConflict
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
@@ -115,6 +115,12 @@ async def job_events(job_id: JobId, request: Request, state: State, after: int =
                 yield f"data: {json.dumps(ev)}\n\n"
                 if ev["type"] in TERMINAL_EVENTS:
                     return
+            if not events and jobs.get(job_id)["status"] not in ACTIVE:
+                # Finished, and `after` is at or past its last event: nothing more will come. Read once
+                # more, since a job's status is stored just before its terminal event.
+                for ev in await asyncio.to_thread(jobs.events, job_id, last):
+                    yield f"data: {json.dumps(ev)}\n\n"
+                return
             if not events:
                 idle += 0.1
                 if idle >= 15:  # a comment line keeps proxies from closing an idle stream

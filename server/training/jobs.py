@@ -38,7 +38,9 @@ class KeyConflict(ValueError):
 
 
 def body_hash(request: RLJob | SFTJob) -> str:
-    payload = request.model_dump_json(exclude={"idempotency_key"})
+    # The body as sent: a default the server fills in (a trajectory's start_time is its clock) must
+    # not make a byte-identical retry look like another submission.
+    payload = request.model_dump_json(exclude={"idempotency_key"}, exclude_unset=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
