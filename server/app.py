@@ -12,8 +12,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from server import export_queue
-from server.api import (errors, exporter_routes, jsonl_routes, limits, openai_routes, training_routes,
-                        ui_routes)
+from server.api import (errors, exporter_routes, generate_routes, jsonl_routes, limits, openai_routes,
+                        training_routes, ui_routes)
 from server.api.deps import ServerState
 from server.data_lock import lock_data_dir
 from server.model_host import ChatOptions, ModelHost
@@ -104,6 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
                             status_code=200 if alive else 503)
 
     app.include_router(openai_routes.router)
+    app.include_router(generate_routes.router)
     app.include_router(training_routes.router)
     app.include_router(ui_routes.router)
     app.include_router(jsonl_routes.router)

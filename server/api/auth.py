@@ -11,7 +11,7 @@ from fastapi import Request
 
 from server.api.errors import APIError, error_response
 
-PROTECTED = ("/v1/", "/ui/api/")
+PROTECTED = ("/v1/", "/inference/", "/ui/api/")  # /inference/: vLLM's token-in route
 MESSAGE = "missing or invalid API key: send 'Authorization: Bearer <key>'"
 
 

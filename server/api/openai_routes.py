@@ -12,7 +12,6 @@ agent trained that way cannot learn to call them.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from typing import Any
@@ -23,6 +22,7 @@ from fastapi.responses import StreamingResponse
 from server.api.auth import require_api_key
 from server.api.chat_choices import build_choice, sampling_info
 from server.api.deps import ServerState, State
+from server.api.engine_requests import check_params, resolve_policy, room, submit, wait_finished
 from server.api.errors import APIError
 from server.api.limits import GuardedRoute
 from server.api.schemas import ChatCompletionRequest
@@ -30,7 +30,6 @@ from server.api.streaming import Completion, stream_chunks
 from server.chat.render import RenderedPrompt
 from server.chat.template import TemplateError
 from server.chat.validate import RenderError, validate_messages
-from server.engine.base import EngineFull, GenRequest, Unsupported
 from server.engine.constraints import ConstraintError, constraint_for
 from server.engine.sampling import SamplingParams
 
@@ -70,15 +69,10 @@ def _prompt(state: ServerState, body: ChatCompletionRequest) -> RenderedPrompt:
 
 
 def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len: int) -> SamplingParams:
-    window = state.host.context_window
-    room = window - prompt_len
-    if room <= 0:
-        raise APIError(400, f"the prompt is {prompt_len} tokens, {prompt_len - window + 1} more than fit in this "
-                            f"model's context window of {window} (with room for one generated token)",
-                       param="messages", code="context_length_exceeded")
+    left = room(state, prompt_len, "messages")
     budget = body.token_budget()
     # A budget past the window is clamped, not refused: the choice then ends with "length".
-    max_tokens = min(budget, room) if budget else room
+    max_tokens = min(budget, left) if budget else left
     try:
         constraint = constraint_for(state.host.chat, body.response_format, body.tool_choice, body.tools,
                                     body.parallel_tool_calls)
@@ -87,31 +81,16 @@ def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len
     params = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens, stop=body.stop,
                             seed=body.seed, top_logprobs=body.top_logprobs or 0, ignore_eos=body.ignore_eos,
                             constraint=constraint)
-    try:
-        state.engine.check(params)
-    except Unsupported as e:
-        raise APIError(400, str(e), param=e.param, code="unsupported_by_engine")
+    check_params(state, params)
     return params
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State):
-    policy = await asyncio.to_thread(state.runs.resolve, body.model)
-    if policy is None:
-        raise APIError(404, f"model {body.model!r} does not exist; served: {', '.join(state.served.names())}",
-                       param="model", code="model_not_found")
+    policy = await resolve_policy(state, body.model)
     prompt = _prompt(state, body)
     params = _sampling_params(state, body, len(prompt.ids))
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue = asyncio.Queue()
-    gen = GenRequest(prompt_ids=prompt.ids, params=params, policy=policy, n=body.n, stream=body.stream,
-                     emit=lambda kind, payload: loop.call_soon_threadsafe(events.put_nowait, (kind, payload)))
-    state.served.acquire(policy)
-    try:
-        state.engine.submit(gen)
-    except EngineFull as e:
-        state.served.release(policy)
-        raise APIError(503, f"server is at capacity ({e}); retry shortly", code="overloaded", headers={"Retry-After": "1"})
+    gen, events = submit(state, policy, prompt.ids, params, body.n, body.stream)
     c = Completion(gen, events, "chatcmpl-" + uuid.uuid4().hex, int(time.time()), body.model, prompt.ids,
                    sampling_info(state.host, policy, params, prompt.ids, body.chat_template_kwargs),
                    body.tools_enabled, body.stop, bool((body.stream_options or {}).get("include_usage")))
@@ -119,7 +98,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         return StreamingResponse(stream_chunks(state.host, c, request.is_disconnected, lambda: state.served.release(policy)),
                                  media_type="text/event-stream")
     try:
-        await _wait_finished(c, request)
+        await wait_finished(gen, events, request)
     finally:
         state.served.release(policy)
     completion_tokens = sum(len(s.token_ids) for s in gen.sequences)
@@ -131,18 +110,3 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         "prompt_token_ids": prompt.ids,
     }
 
-
-async def _wait_finished(c: Completion, request: Request) -> None:
-    finished = 0
-    while finished < c.gen.n:
-        try:
-            kind, payload = await asyncio.wait_for(c.events.get(), timeout=1.0)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                c.gen.cancelled = True
-                raise APIError(499, "client disconnected")
-            continue
-        if kind == "error":
-            c.gen.cancelled = True
-            raise APIError(500, f"generation failed: {payload}", code="generation_failed")
-        finished += kind == "finished"

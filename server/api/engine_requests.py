@@ -1,0 +1,80 @@
+"""A prompt's token ids handed to the engine under a lease on its policy, shared by every route
+that samples (chat completions, the token-in generate route).
+
+The lease keeps the policy's adapter servable until the request is done; whoever submits
+releases it (a streamed answer releases it when its stream ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import Request
+
+from server.api.deps import ServerState
+from server.api.errors import APIError
+from server.engine.base import EngineFull, GenRequest, Unsupported
+from server.engine.sampling import SamplingParams
+from server.serving import Policy
+
+
+async def resolve_policy(state: ServerState, model: str) -> Policy:
+    """`model` as a run name (its latest step), `name@step` or the base model; a 404 otherwise."""
+    policy = await asyncio.to_thread(state.runs.resolve, model)
+    if policy is None:
+        raise APIError(404, f"model {model!r} does not exist; served: {', '.join(state.served.names())}",
+                       param="model", code="model_not_found")
+    return policy
+
+
+def room(state: ServerState, prompt_len: int, param: str) -> int:
+    """How many tokens may be generated after a prompt of `prompt_len`; a 400 naming `param` when
+    not even one fits."""
+    window = state.host.context_window
+    left = window - prompt_len
+    if left <= 0:
+        raise APIError(400, f"the prompt is {prompt_len} tokens, {prompt_len - window + 1} more than fit in this "
+                            f"model's context window of {window} (with room for one generated token)",
+                       param=param, code="context_length_exceeded")
+    return left
+
+
+def check_params(state: ServerState, params: SamplingParams) -> None:
+    try:
+        state.engine.check(params)
+    except Unsupported as e:
+        raise APIError(400, str(e), param=e.param, code="unsupported_by_engine")
+
+
+def submit(state: ServerState, policy: Policy, prompt_ids: list[int], params: SamplingParams, n: int = 1,
+           stream: bool = False) -> tuple[GenRequest, asyncio.Queue]:
+    """Queue the prompt on the engine holding a lease on `policy` (the caller releases it), with
+    the queue the engine's events arrive on; a 503 when the engine is full."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    gen = GenRequest(prompt_ids=prompt_ids, params=params, policy=policy, n=n, stream=stream,
+                     emit=lambda kind, payload: loop.call_soon_threadsafe(events.put_nowait, (kind, payload)))
+    state.served.acquire(policy)
+    try:
+        state.engine.submit(gen)
+    except EngineFull as e:
+        state.served.release(policy)
+        raise APIError(503, f"server is at capacity ({e}); retry shortly", code="overloaded", headers={"Retry-After": "1"})
+    return gen, events
+
+
+async def wait_finished(gen: GenRequest, events: asyncio.Queue, request: Request) -> None:
+    """Until every sequence of `gen` is finished; a client that went away cancels it."""
+    finished = 0
+    while finished < gen.n:
+        try:
+            kind, payload = await asyncio.wait_for(events.get(), timeout=1.0)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                gen.cancelled = True
+                raise APIError(499, "client disconnected")
+            continue
+        if kind == "error":
+            gen.cancelled = True
+            raise APIError(500, f"generation failed: {payload}", code="generation_failed")
+        finished += kind == "finished"
