@@ -15,7 +15,7 @@ from openai import AsyncOpenAI
 
 from client.errors import ConfigError, ServerError, ServerUnreachable
 from protocol.config import LoraSettings, RunSpec, SFTConfig, TrainConfig
-from protocol.jobs import JobEvent, RLJob, SFTJob, TrainResult
+from protocol.jobs import JobEvent, RLJob, ScoredSession, SessionGroup, SessionJob, SFTJob, TrainResult
 from protocol.retry import RetryPolicy
 from protocol.trajectory import Conversation, Trajectory, TrajectoryGroup
 
@@ -114,6 +114,22 @@ class TrainableModel:
         job = RLJob(groups=list(groups), config=config or TrainConfig(), idempotency_key=idempotency_key)
         return await self._run_job(job)
 
+    def session_url(self, session_id: str) -> str:
+        """The base URL that records a session: give it to a harness you cannot change, as the
+        OpenAI SDK's `base_url` (Chat Completions, Responses) or Anthropic's (Messages); every
+        exchange under it is kept by the server, token-exactly, for `train_sessions`."""
+        if self.server_url is None:
+            raise RuntimeError("call register(server_url) first")
+        return f"{self.server_url}/v1/sessions/{session_id}"
+
+    async def train_sessions(self, groups: Iterable[SessionGroup | Iterable[tuple[str, float]]],
+                             config: TrainConfig | None = None, idempotency_key: str | None = None) -> TrainResult:
+        """Train on sessions the server recorded, each group a list of (session id, reward)."""
+        wire = [g if isinstance(g, SessionGroup) else
+                SessionGroup(sessions=[ScoredSession(session_id=sid, reward=r) for sid, r in g]) for g in groups]
+        job = SessionJob(groups=wire, config=config or TrainConfig(), idempotency_key=idempotency_key)
+        return await self._run_job(job, "session-jobs")
+
     async def train_sft(self, conversations: Iterable[Conversation | Trajectory | list[dict[str, Any]]],
                         config: SFTConfig | None = None, idempotency_key: str | None = None) -> TrainResult:
         convs = [Conversation(messages=c.messages(), tools=c.tools) if isinstance(c, Trajectory)
@@ -137,13 +153,13 @@ class TrainableModel:
         return await self.request("DELETE", f"/v1/jobs/{job_id}")
 
     # ---- jobs ------------------------------------------------------------------------------
-    async def _run_job(self, job: RLJob | SFTJob) -> TrainResult:
+    async def _run_job(self, job: RLJob | SFTJob | SessionJob, route: str = "jobs") -> TrainResult:
         job.idempotency_key = job.idempotency_key or uuid.uuid4().hex
         # allow_nan: a NaN reward reaches the server and is refused there, with the field named.
         payload = json.dumps(job.model_dump(mode="json"), allow_nan=True)
         event: JobEvent | None = None
         for _ in range(3):  # resubmit only if the server restarted mid-job (same key: trains once)
-            submitted = await self.request("POST", f"/v1/runs/{self.name}/jobs", content=payload,
+            submitted = await self.request("POST", f"/v1/runs/{self.name}/{route}", content=payload,
                                            headers={"Content-Type": "application/json"})
             event = await self._follow(submitted["job_id"], submitted.get("after", -1))
             if event.type == "result":

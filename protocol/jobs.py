@@ -15,6 +15,7 @@ from protocol.metrics import StepMetrics
 from protocol.trajectory import Conversation, TrajectoryGroup
 
 IDEMPOTENCY_KEY = r"^[A-Za-z0-9_.:-]{1,200}$"
+SESSION_ID = r"^[A-Za-z0-9_.:-]{1,128}$"  # chosen by the client; it goes in a URL path
 # The events that end a job's stream; every other event is progress.
 TERMINAL_EVENTS = ("result", "error", "interrupted", "cancelled")
 
@@ -49,6 +50,35 @@ class SFTJob(BaseModel):
         if not conversations:
             raise ValueError("nothing to train: send groups (rl) or conversations (sft)")
         return conversations
+
+
+class ScoredSession(BaseModel):
+    """A session the server recorded (an agent run through `/v1/sessions/{id}/...`), and its reward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str = Field(pattern=SESSION_ID)
+    reward: float = Field(allow_inf_nan=False)
+    metrics: dict[str, float | int | bool | None] = Field(default_factory=dict)
+
+
+class SessionGroup(BaseModel):
+    """The sessions of one task, compared with each other; `exceptions` as in a TrajectoryGroup."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sessions: list[ScoredSession] = Field(max_length=10_000)
+    exceptions: list[str] = Field(default_factory=list)
+
+
+class SessionJob(BaseModel):
+    """An RL job whose trajectories the server assembles from the sessions it recorded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    groups: list[SessionGroup] = Field(min_length=1, max_length=100_000)
+    config: TrainConfig = Field(default_factory=TrainConfig)
+    idempotency_key: str | None = Field(default=None, pattern=IDEMPOTENCY_KEY)
 
 
 JobRequest = Annotated[Union[RLJob, SFTJob], Field(discriminator="kind")]

@@ -12,13 +12,15 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from server import export_queue
-from server.api import (errors, exporter_routes, generate_routes, jsonl_routes, limits, openai_routes,
-                        training_routes, ui_routes)
+from server.api import (errors, exporter_routes, generate_routes, jsonl_routes, limits, messages_routes,
+                        openai_routes, responses_routes, session_routes, training_routes, ui_routes)
 from server.api.deps import ServerState
 from server.data_lock import lock_data_dir
 from server.model_host import ChatOptions, ModelHost
 from server.model_source import resolve, served_name
+from server.response_store import ResponseStore
 from server.serving import ServedModels
+from server.sessions import Sessions
 from server.settings import Settings
 from server.store import Store
 from server.training.jobs import JobManager
@@ -72,7 +74,10 @@ def build_state(settings: Settings) -> ServerState:
     store = Store(data_dir / "artisan.sqlite")
     runs = RunManager(host, engine, served, data_dir)
     jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, settings.job_time_limit)
-    return ServerState(settings, host, engine, served, runs, store, jobs, queue)
+    sessions = Sessions(ttl=settings.session_ttl, max_sessions=settings.max_sessions,
+                        max_exchanges=settings.session_max_exchanges, max_tokens=settings.session_max_tokens)
+    return ServerState(settings, host, engine, served, runs, store, jobs, queue, sessions,
+                       ResponseStore(ttl=settings.session_ttl))
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -105,6 +110,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(openai_routes.router)
     app.include_router(generate_routes.router)
+    app.include_router(responses_routes.router)
+    app.include_router(messages_routes.router)
+    app.include_router(session_routes.router)
     app.include_router(training_routes.router)
     app.include_router(ui_routes.router)
     app.include_router(jsonl_routes.router)

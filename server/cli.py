@@ -40,7 +40,8 @@ def serve(
                                                             "without it they get a 400."),
     host: str = typer.Option("127.0.0.1", help="Address to bind. A non-loopback address needs an API key."),
     port: int = typer.Option(8000),
-    api_key: str = typer.Option(None, envvar="ARTISAN_API_KEY", help="Bearer key required on every route but /health."),
+    api_key: str = typer.Option(None, envvar="ARTISAN_API_KEY", help="Key required on every route but /health "
+                                "(Bearer or x-api-key); several keys, comma-separated, are separate callers."),
     data_dir: Path = typer.Option(Path("artisan-data"), help="Where runs, checkpoints and logs live."),
     cache_dir: Path = typer.Option(DEFAULT_CACHE, help="Where dequantised GGUF models are kept."),
     engine: str = typer.Option("torch", help="torch (default; CPU or CUDA) or vllm (a vLLM server process beside "
@@ -58,6 +59,9 @@ def serve(
     max_waiting: int = typer.Option(512, help="Sequences queued before requests get 503."),
     max_request_bytes: int = typer.Option(64 * 1024 * 1024, help="Larger request bodies get 413."),
     job_time_limit: float = typer.Option(6 * 3600.0, help="Seconds a training job may run before it is stopped."),
+    session_ttl: float = typer.Option(3600.0, min=1, help="Seconds a recorded session (and a response kept for "
+                                                          "previous_response_id) lives unused."),
+    session_max_exchanges: int = typer.Option(1000, min=1, help="Exchanges one recorded session may hold."),
     keep_trajectory_steps: int = typer.Option(None, help="Keep trajectories of only the newest N steps per run "
                                                          "(step metrics are always kept). Default: keep all."),
     export: list[str] = typer.Option([], "--export", envvar="ARTISAN_EXPORT",
@@ -80,6 +84,7 @@ def serve(
                         vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, vllm_max_lora_rank=vllm_max_lora_rank,
                         vllm_max_loras=vllm_max_loras, max_batch=max_batch, max_waiting=max_waiting,
                         max_request_bytes=max_request_bytes, job_time_limit=job_time_limit,
+                        session_ttl=session_ttl, session_max_exchanges=session_max_exchanges,
                         keep_trajectory_steps=keep_trajectory_steps, export=export, export_timeout=export_timeout,
                         export_queue=export_queue)
     check_bind(settings)

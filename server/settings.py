@@ -42,6 +42,12 @@ class Settings(BaseModel):
     max_batch: int = 64
     max_waiting: int = 512
     max_request_bytes: int = 64 * 1024 * 1024
+    # Sessions recorded by the server (server/sessions.py) and responses kept for previous_response_id:
+    # dropped after this many seconds unused; a session holds at most so many exchanges and tokens.
+    session_ttl: float = 3600.0
+    max_sessions: int = 10_000
+    session_max_exchanges: int = 1_000
+    session_max_tokens: int = 2_000_000
     job_time_limit: float = 6 * 3600.0  # seconds a training job may run before it is stopped
     # Retention: trajectories of only the newest N steps per run are kept (None: all of them).
     keep_trajectory_steps: int | None = None

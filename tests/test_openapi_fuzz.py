@@ -50,6 +50,8 @@ def _short(body):
         body["max_tokens"] = 4
         body["n"] = 1
         body.pop("max_completion_tokens", None)
+    if isinstance(body, dict) and "input" in body:  # the Responses API
+        body["max_output_tokens"] = 4
 
 
 def _operations(url: str) -> list:

@@ -75,7 +75,7 @@ def install(app: FastAPI, settings: Settings) -> None:
             if scope["type"] != "http":
                 return await stack(scope, receive, send)
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-            problem = key_problem(settings.api_key, scope["path"], headers.get("authorization", ""))
+            problem = key_problem(settings.api_key, scope["path"], headers)
             if problem is not None:
                 return await problem(scope, receive, send)
             size = headers.get("content-length", "")

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 
 from protocol.choices import INT64
 
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 64
 MAX_STOPS = 4
 
@@ -37,25 +37,28 @@ MESSAGES_SCHEMA = {"type": "array", "minItems": 1, "items": {"oneOf": [
 ]}}
 
 
+def object_schema(v: dict[str, Any], field: str) -> dict[str, Any]:
+    """A tool's arguments schema, as far as templates and constrained decoding need it."""
+    if v.get("type", "object") != "object":
+        raise ValueError(f"{field} must be a JSON Schema with type 'object'")
+    props = v.get("properties", {})
+    if not isinstance(props, dict) or not all(isinstance(p, dict) for p in props.values()):
+        raise ValueError(f"{field}.properties must map names to JSON Schemas")
+    if not isinstance(v.get("required", []), list):
+        raise ValueError(f"{field}.required must be a list")
+    return v
+
+
 class FunctionSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: str = Field(pattern=_TOOL_NAME.pattern)
+    name: str = Field(pattern=TOOL_NAME.pattern)
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
     @field_validator("parameters")
     @classmethod
     def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is None:
-            return v
-        if v.get("type", "object") != "object":
-            raise ValueError("parameters must be a JSON Schema with type 'object'")
-        props = v.get("properties", {})
-        if not isinstance(props, dict) or not all(isinstance(p, dict) for p in props.values()):
-            raise ValueError("parameters.properties must map names to JSON Schemas")
-        if not isinstance(v.get("required", []), list):
-            raise ValueError("parameters.required must be a list")
-        return v
+        return None if v is None else object_schema(v, "parameters")
 
 
 class ToolSpec(BaseModel):
@@ -65,7 +68,7 @@ class ToolSpec(BaseModel):
 
 
 class NamedFunction(BaseModel):
-    name: str = Field(pattern=_TOOL_NAME.pattern)
+    name: str = Field(pattern=TOOL_NAME.pattern)
 
 
 class NamedToolChoice(BaseModel):
@@ -97,7 +100,7 @@ ToolChoice = Annotated[Any, WithJsonSchema({"anyOf": [
     {"type": "object", "required": ["function"], "properties": {
         "type": {"const": "function"},
         "function": {"type": "object", "required": ["name"], "properties": {
-            "name": {"type": "string", "pattern": _TOOL_NAME.pattern}}}}},
+            "name": {"type": "string", "pattern": TOOL_NAME.pattern}}}}},
     {"type": "null"}]})]
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from server.api.chat_choices import logprob_entries, message_and_finish, remember
+from server.api.chat_choices import build_choice, logprob_entries
 from server.chat.format import ChatFormat
 from server.engine.base import GenRequest, DecodeSequence
 
@@ -36,11 +36,14 @@ class Completion:
     tools_enabled: bool
     stops: list[str]
     include_usage: bool = False
+    release: Callable[[], None] = lambda: None  # the lease on the policy, given back once
+    on_choice: Callable[[dict[str, Any]], None] | None = None  # a session's recorder
+    choices: dict[int, dict[str, Any]] = field(default_factory=dict)  # finished choices, whole
 
     def chunk(self, index: int, delta: dict[str, Any], finish: str | None = None, top: dict[str, Any] | None = None,
-              **extra: Any) -> str:
-        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                    "choices": [{"index": index, "delta": delta, "finish_reason": finish, **extra}], **(top or {})})
+              **extra: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [{"index": index, "delta": delta, "finish_reason": finish, **extra}], **(top or {})}
 
 
 def _partial_suffix(text: str, needles: list[str]) -> int:
@@ -112,9 +115,25 @@ def _new_tokens(host: Any, seq: DecodeSequence, st: ChoiceStream, top_logprobs: 
     return end, extra
 
 
-async def stream_chunks(host: Any, c: Completion, disconnected: Callable[[], Any],
-                        done: Callable[[], None]) -> AsyncIterator[str]:
-    chat, n = host.chat, c.gen.n
+async def stream_chunks(host: Any, c: Completion, disconnected: Callable[[], Any]) -> AsyncIterator[str]:
+    """Chat Completions' server-sent events."""
+    async for chunk in chunk_stream(host, c, disconnected):
+        yield sse(chunk)
+        if "error" in chunk:
+            return
+    if c.include_usage:
+        prompt_tokens = len(c.prompt_ids)
+        completion_tokens = sum(len(s.token_ids) for s in c.gen.sequences)
+        yield sse({"id": c.id, "object": "chat.completion.chunk", "created": c.created, "model": c.model,
+                   "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                            "total_tokens": prompt_tokens + completion_tokens}})
+    yield "data: [DONE]\n\n"
+
+
+async def chunk_stream(host: Any, c: Completion, disconnected: Callable[[], Any]) -> AsyncIterator[dict[str, Any]]:
+    """Chunks as dicts, for every face to dress; an engine failure is one `{"error": ...}` last.
+    The lease on the policy is given back when the stream ends, however it ends."""
+    n = c.gen.n
     streams = [ChoiceStream() for _ in range(n)]
     finished = 0
     try:
@@ -129,8 +148,8 @@ async def stream_chunks(host: Any, c: Completion, disconnected: Callable[[], Any
                     return
                 continue
             if kind == "error":
-                yield sse({"error": {"message": f"generation failed: {seq}", "type": "server_error",
-                                     "param": None, "code": None}})
+                yield {"error": {"message": f"generation failed: {seq}", "type": "server_error",
+                                 "param": None, "code": None}}
                 return
             st = streams[seq.index]
             if kind == "token":
@@ -140,29 +159,25 @@ async def stream_chunks(host: Any, c: Completion, disconnected: Callable[[], Any
                 continue
             finished += 1
             yield _final_chunk(host, c, seq, st)
-        if c.include_usage:
-            completion_tokens = sum(len(s.token_ids) for s in c.gen.sequences)
-            yield sse({"id": c.id, "object": "chat.completion.chunk", "created": c.created, "model": c.model,
-                       "choices": [], "usage": {"prompt_tokens": len(c.prompt_ids), "completion_tokens": completion_tokens,
-                                                "total_tokens": len(c.prompt_ids) + completion_tokens}})
-        yield "data: [DONE]\n\n"
     finally:
         if finished < n:
             c.gen.cancelled = True
-        done()
+        c.release()
 
 
-def _token_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream) -> str | None:
+def _token_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream) -> dict[str, Any] | None:
     end, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs))
     reasoning, content = st.visible(host.chat, host.chat.text(seq.token_ids[:end]), c)
     delta = st.delta(reasoning, content)
     return c.chunk(seq.index, delta, **extra) if delta or extra["token_ids"] else None
 
 
-def _final_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream) -> str:
+def _final_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream) -> dict[str, Any]:
     _, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs))
-    message, finish, malformed = message_and_finish(host.chat, seq, c.tools_enabled)
-    remember(host.chat, message, seq, c.sampling)
+    choice = c.choices[seq.index] = build_choice(host, seq, c.sampling, c.tools_enabled)
+    if c.on_choice is not None:
+        c.on_choice(choice)
+    message, finish, malformed = choice["message"], choice["finish_reason"], choice.get("malformed_tool_call", False)
     delta = st.delta(message.get("reasoning_content") or st.sent_reasoning, message.get("content") or "")
     if message.get("tool_calls"):
         delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]

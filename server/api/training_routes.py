@@ -12,16 +12,16 @@ from pydantic import BaseModel, Field
 
 from protocol.choices import INT64
 from protocol.config import RunSpec
-from protocol.jobs import TERMINAL_EVENTS, JobRequest, RLJob
+from protocol.jobs import TERMINAL_EVENTS, JobRequest, RLJob, SFTJob
 from protocol.trajectory import TrajectoryGroup
 from server.api.auth import require_api_key
-from server.api.deps import RunDep, State
+from server.api.deps import RunDep, ServerState, State
 from server.api.errors import APIError
 from server.api.limits import GuardedRoute
 from server.store import trajectory_rows
 from server.training.assemble import AssemblyError, check_submission
 from server.training.jobs import ACTIVE, KeyConflict
-from server.training.runs import RunConflict
+from server.training.runs import Run, RunConflict
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
 SPLIT = r"^[A-Za-z0-9_-]{1,32}$"
@@ -67,6 +67,11 @@ async def get_run(run: RunDep, state: State) -> dict[str, Any]:
 
 @router.post("/v1/runs/{name}/jobs", status_code=202)
 async def submit_job(run: RunDep, state: State, job: JobRequest) -> dict[str, Any]:
+    return await queue_job(state, run, job)
+
+
+async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob) -> dict[str, Any]:
+    """Check what only this model can tell about a job, then queue it (once per idempotency key)."""
     if isinstance(job, RLJob):
         try:
             await asyncio.to_thread(check_submission, job.groups, state.host.vocab_size, state.host.fingerprint)

@@ -52,7 +52,9 @@ def _token(chat: ChatFormat, text: str) -> str:
     Qwen's `<tool_call>` is: llguidance never spells those out of bytes), else the text."""
     tok = chat.template.tokenizer
     i = tok.convert_tokens_to_ids(text)
-    if isinstance(i, int) and i in getattr(tok, "added_tokens_decoder", {}):
+    # An unknown token maps to the unknown id, an added token too in SmolLM2 (<|endoftext|>): the
+    # id must spell the marker back, or the grammar writes a control token where the marker goes.
+    if isinstance(i, int) and i in getattr(tok, "added_tokens_decoder", {}) and tok.convert_ids_to_tokens(i) == text:
         return f"<[{i}]>"
     return json.dumps(text)
 

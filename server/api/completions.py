@@ -1,0 +1,115 @@
+"""One path from a chat request to sampled choices, shared by every API face.
+
+Chat Completions, Responses and Anthropic Messages all arrive here as a ChatCompletionRequest
+(the two other faces translate theirs, server/api/translate.py): the model resolves to a policy,
+the prompt is rendered through the model's template with earlier sampled turns spliced in as their
+exact ids, the engine samples while a lease is held on the policy, and each finished sequence
+becomes a chat choice that is remembered in the turn cache and, inside a session, recorded
+(server/sessions.py). The faces differ only in how they dress the choice up.
+
+A request with `tools` to a model whose template cannot show them is refused (unless the operator
+passed --allow-unrendered-tools): the model would answer without ever seeing the tools, and an
+agent trained that way cannot learn to call them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import Request
+
+from server.api.chat_choices import build_choice, sampling_info
+from server.api.deps import ServerState
+from server.api.engine_requests import check_params, resolve_policy, room, submit, wait_finished
+from server.api.errors import APIError
+from server.api.schemas import ChatCompletionRequest
+from server.api.streaming import Completion, chunk_stream
+from server.chat.render import RenderedPrompt
+from server.chat.template import TemplateError
+from server.chat.validate import RenderError, validate_messages
+from server.engine.constraints import ConstraintError, constraint_for
+from server.engine.sampling import SamplingParams
+
+Recorder = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]], None]
+
+
+def unrendered_tools_message(model: str) -> str:
+    return (f"model {model}: its chat template does not render tools, so the model would never see them; "
+            f"restart art-server with --chat-template FILE (a template that renders tools), "
+            f"or with --allow-unrendered-tools to accept them unseen")
+
+
+def _prompt(state: ServerState, body: ChatCompletionRequest) -> RenderedPrompt:
+    try:
+        validate_messages(body.messages)
+    except RenderError as e:
+        raise APIError(400, str(e), param="messages", code="invalid_messages")
+    vocab = state.host.vocab_size
+    for i, m in enumerate(body.messages):
+        ids = m.get("token_ids")
+        if ids is not None and (not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < vocab for t in ids)):
+            raise APIError(400, f"messages[{i}].token_ids must be token ids below {vocab}", param=f"messages[{i}].token_ids")
+    if body.tools and not state.host.chat.template.renders_tools and not state.settings.allow_unrendered_tools:
+        raise APIError(400, unrendered_tools_message(state.host.name), param="tools", code="tools_not_rendered")
+    try:
+        return state.host.chat.turns.prompt(body.messages, body.tool_dicts(), body.chat_template_kwargs)
+    except TemplateError as e:
+        raise APIError(400, str(e), param="messages", code="invalid_messages")
+
+
+def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len: int) -> SamplingParams:
+    left = room(state, prompt_len, "messages")
+    budget = body.token_budget()
+    # A budget past the window is clamped, not refused: the choice then ends with "length".
+    max_tokens = min(budget, left) if budget else left
+    try:
+        constraint = constraint_for(state.host.chat, body.response_format, body.tool_choice, body.tools,
+                                    body.parallel_tool_calls)
+    except ConstraintError as e:
+        raise APIError(400, str(e), param=e.param, code="unsupported_constraint")
+    params = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens, stop=body.stop,
+                            seed=body.seed, top_logprobs=body.top_logprobs or 0, ignore_eos=body.ignore_eos,
+                            constraint=constraint)
+    check_params(state, params)
+    return params
+
+
+async def start(state: ServerState, body: ChatCompletionRequest, record: Recorder | None = None) -> Completion:
+    """The request rendered, checked and handed to the engine, holding a lease on its policy
+    until `release` is called (by `finish` or at the end of a stream)."""
+    policy = await resolve_policy(state, body.model)
+    prompt = _prompt(state, body)
+    params = _sampling_params(state, body, len(prompt.ids))
+    gen, events = submit(state, policy, prompt.ids, params, n=body.n, stream=body.stream)
+    tools = body.tool_dicts()
+    on_choice = None if record is None else (lambda choice: record(body.messages, tools, choice))
+    return Completion(gen, events, "chatcmpl-" + uuid.uuid4().hex, int(time.time()), body.model, prompt.ids,
+                      sampling_info(state.host, policy, params, prompt.ids, body.chat_template_kwargs),
+                      body.tools_enabled, body.stop, bool((body.stream_options or {}).get("include_usage")),
+                      release=lambda: state.served.release(policy), on_choice=on_choice)
+
+
+async def finish(state: ServerState, c: Completion, request: Request) -> list[dict[str, Any]]:
+    """Every choice of a request that does not stream, in index order."""
+    try:
+        await wait_finished(c.gen, c.events, request)
+    finally:
+        c.release()
+    choices = [build_choice(state.host, s, c.sampling, c.tools_enabled) for s in c.gen.sequences]
+    if c.on_choice is not None:
+        for choice in choices:
+            c.on_choice(choice)
+    return choices
+
+
+def stream(state: ServerState, c: Completion, request: Request) -> AsyncIterator[dict[str, Any]]:
+    """Chat chunks as dicts, each choice complete in `c.choices` once its last chunk is out."""
+    return chunk_stream(state.host, c, request.is_disconnected)
+
+
+def usage(c: Completion) -> tuple[int, int]:
+    """(prompt tokens, completion tokens) of a finished request."""
+    return len(c.prompt_ids), sum(len(s.token_ids) for s in c.gen.sequences)
+

@@ -1,0 +1,115 @@
+"""Typed requests of Anthropic's Messages API, as far as art-server serves it.
+
+Content blocks are text, `tool_use`, `tool_result` and `thinking` (what a harness echoes back of
+earlier turns); images, documents and server tools fail validation with the block's place named.
+Unknown top-level parameters (metadata, service_tier, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from protocol.choices import INT64
+from server.api.schemas import MAX_STOPS, TOOL_NAME, object_schema
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # cache_control, citations: nothing a template renders
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1, max_length=200)
+    name: str = Field(pattern=TOOL_NAME.pattern)
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1, max_length=200)
+    content: Union[str, list[TextBlock]] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(_Block):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str = ""
+
+
+Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock], Field(discriminator="type")]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant"]
+    content: Union[str, Annotated[list[Block], Field(max_length=100_000)]]
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["custom"] | None = None
+    name: str = Field(pattern=TOOL_NAME.pattern)
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+    @field_validator("input_schema")
+    @classmethod
+    def _schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return object_schema(v, "input_schema")
+
+
+class ToolChoice(BaseModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = Field(default=None, pattern=TOOL_NAME.pattern)
+    disable_parallel_tool_use: bool = False
+
+    @model_validator(mode="after")
+    def _named(self) -> "ToolChoice":
+        if (self.type == "tool") != (self.name is not None):
+            raise ValueError("tool_choice of type 'tool' needs a name, and only it takes one")
+        return self
+
+
+class MessagesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(max_length=300)
+    max_tokens: int = Field(ge=1, le=INT64)
+    messages: list[Message] = Field(min_length=1, max_length=100_000)
+    system: Union[str, list[TextBlock], None] = None
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    stop_sequences: list[str] | None = Field(default=None, max_length=MAX_STOPS)
+    temperature: float = Field(default=1.0, ge=0, le=1, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, description="not supported: the trainer cannot reproduce top-k sampling")
+    stream: bool = False
+    seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # artisan's: reproducible samples
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
+
+    @field_validator("top_k")
+    @classmethod
+    def _no_top_k(cls, v: int | None) -> None:
+        # Refused, not ignored: the trainer could not reproduce the distribution sampled from.
+        if v is not None:
+            raise ValueError("top_k is not supported: the trainer cannot reproduce top-k sampling")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "MessagesRequest":
+        choice = self.tool_choice
+        if choice is not None and choice.type == "tool" and choice.name not in {t.name for t in self.tools or []}:
+            raise ValueError(f"tool_choice names {choice.name!r}, which is not among the tools")
+        if choice is not None and choice.type == "any" and not self.tools:
+            raise ValueError("tool_choice 'any' needs tools")
+        return self

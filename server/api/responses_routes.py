@@ -1,0 +1,212 @@
+"""`POST /v1/responses`: OpenAI's Responses API as a face of the chat path.
+
+Input items become chat messages (server/api/translate.py), the one path samples them
+(server/api/completions.py), and the choice comes back as output items: reasoning where the
+parser found it, the message, one function_call per call. Beside OpenAI's fields the response
+carries what training needs: `prompt_token_ids`, `token_ids`, `logprobs` and `sampling`, as a
+chat choice does. A stream sends Responses' events; `response.completed` holds all of that.
+
+A response is kept for `previous_response_id` (server/response_store.py) unless `store` is false.
+Under `/v1/sessions/{id}/` every exchange is also recorded for the session (server/sessions.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from server.api import completions, translate
+from server.api.auth import caller, require_api_key
+from server.api.deps import ServerState, SessionId, State, open_session
+from server.api.errors import APIError
+from server.api.limits import GuardedRoute
+from server.api.responses_schemas import ResponsesRequest
+from server.api.streaming import Completion
+
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request, state: State):
+    return await _respond(body, request, state, None)
+
+
+@router.post("/v1/sessions/{session_id}/responses")
+async def create_response_in_session(session_id: SessionId, body: ResponsesRequest, request: Request, state: State):
+    return await _respond(body, request, state, open_session(state, session_id, request))
+
+
+async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
+                   record: completions.Recorder | None):
+    owner = caller(request)
+    previous: list[dict[str, Any]] = []
+    if body.previous_response_id is not None:
+        stored = state.responses.get(body.previous_response_id, owner)
+        if stored is None:
+            raise APIError(400, f"previous_response_id: response {body.previous_response_id!r} is not kept here "
+                                f"(unknown, expired, created with store: false, or another API key's)",
+                           param="previous_response_id", code="previous_response_not_found")
+        previous = list(stored.messages)
+    try:
+        history, origins = translate.responses_history(body, previous)
+        messages = translate.responses_conversation(body, history, origins)
+        chat = translate.chat_request(
+            model=body.model, messages=messages, tools=translate.responses_tools(body),
+            tool_choice=translate.responses_tool_choice(body), parallel_tool_calls=body.parallel_tool_calls,
+            max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
+            logprobs=bool(body.top_logprobs) or None, top_logprobs=body.top_logprobs, stream=body.stream,
+            chat_template_kwargs=body.chat_template_kwargs)
+    except translate.TranslationError as e:
+        raise APIError(400, str(e), param=e.param, code="invalid_value")
+    c = await completions.start(state, chat, record)
+    r = _Response(body, "resp_" + uuid.uuid4().hex, int(time.time()), c)
+
+    def keep(choice: dict[str, Any]) -> None:
+        if body.store:
+            state.responses.put(r.id, owner, body.model, [*history, choice["message"]])
+
+    if body.stream:
+        return StreamingResponse(_events(state, r, request, keep), media_type="text/event-stream")
+    [choice] = await completions.finish(state, c, request)
+    keep(choice)
+    return r.body(choice)
+
+
+class _Response:
+    """One response's fixed fields, shared by its events and its final body."""
+
+    def __init__(self, req: ResponsesRequest, id_: str, created: int, c: Completion):
+        self.req, self.id, self.created, self.c = req, id_, created, c
+        self.item_id = uuid.uuid4().hex[:24]
+
+    def body(self, choice: dict[str, Any] | None, status: str | None = None) -> dict[str, Any]:
+        req = self.req
+        out = translate.response_output(choice, self.item_id) if choice is not None else []
+        if status is None:
+            status = "incomplete" if choice["finish_reason"] == "length" else "completed"
+        tool_choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
+        body: dict[str, Any] = {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": req.model,
+            "output": out, "parallel_tool_calls": req.parallel_tool_calls,
+            "previous_response_id": req.previous_response_id, "reasoning": {"effort": None, "summary": None},
+            "store": req.store, "temperature": req.temperature, "text": {"format": {"type": "text"}},
+            "tool_choice": tool_choice or "auto",
+            "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "top_p": req.top_p,
+            "truncation": "disabled", "metadata": (req.model_extra or {}).get("metadata") or {},
+            "usage": None, "prompt_token_ids": self.c.prompt_ids,
+        }
+        if choice is not None:
+            prompt_tokens, completion_tokens = completions.usage(self.c)
+            body["usage"] = {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+                             "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                             "total_tokens": prompt_tokens + completion_tokens}
+            body.update(token_ids=choice["token_ids"], logprobs=choice["logprobs"], sampling=choice["sampling"])
+            if choice.get("malformed_tool_call"):
+                body["malformed_tool_call"] = True
+        return body
+
+
+class _EventWriter:
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def __call__(self, kind: str, **data: Any) -> str:
+        payload = {"type": kind, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _events(state: ServerState, r: _Response, request: Request, keep) -> AsyncIterator[str]:
+    """Responses' stream: reasoning and text as they decode, each item opened when its first
+    text arrives and closed in order; function calls whole at the end (a call is only known once
+    it parses); `response.completed` last, with the body a request that does not stream gets."""
+    ev = _EventWriter()
+    yield ev("response.created", response=r.body(None, "in_progress"))
+    yield ev("response.in_progress", response=r.body(None, "in_progress"))
+    opened: list[str] = []  # item kinds in output order
+    texts = {"reasoning": "", "message": ""}
+    ids = {"reasoning": "rs_" + r.item_id, "message": "msg_" + r.item_id}
+
+    def open_item(kind: str) -> list[str]:
+        out = []
+        if "reasoning" in opened and kind == "message" and "message" not in opened:
+            out += close_item("reasoning")
+        opened.append(kind)
+        index = len(opened) - 1
+        if kind == "reasoning":
+            item = {"type": "reasoning", "id": ids[kind], "summary": [], "content": [], "status": "in_progress"}
+            part = {"type": "reasoning_text", "text": ""}
+        else:
+            item = {"type": "message", "id": ids[kind], "role": "assistant", "content": [], "status": "in_progress"}
+            part = {"type": "output_text", "text": "", "annotations": []}
+        out.append(ev("response.output_item.added", output_index=index, item=item))
+        out.append(ev("response.content_part.added", item_id=ids[kind], output_index=index, content_index=0, part=part))
+        return out
+
+    closed: set[str] = set()
+
+    def close_item(kind: str, final: dict[str, Any] | None = None) -> list[str]:
+        if kind in closed or kind not in opened:
+            return []
+        closed.add(kind)
+        index, text = opened.index(kind), texts[kind]
+        if kind == "reasoning":
+            part = {"type": "reasoning_text", "text": text}
+            item = final or {"type": "reasoning", "id": ids[kind], "summary": [], "content": [part], "status": "completed"}
+            done = ev("response.reasoning_text.done", item_id=ids[kind], output_index=index, content_index=0, text=text)
+        else:
+            part = {"type": "output_text", "text": text, "annotations": []}
+            item = final or {"type": "message", "id": ids[kind], "role": "assistant", "content": [part],
+                             "status": "completed"}
+            done = ev("response.output_text.done", item_id=ids[kind], output_index=index, content_index=0, text=text,
+                      logprobs=[])
+        return [done, ev("response.content_part.done", item_id=ids[kind], output_index=index, content_index=0, part=part),
+                ev("response.output_item.done", output_index=index, item=item)]
+
+    async for chunk in completions.stream(state, r.c, request):
+        if "error" in chunk:
+            yield ev("error", code="generation_failed", message=chunk["error"]["message"], param=None)
+            return
+        delta = chunk["choices"][0]["delta"]
+        for kind, key, event in (("reasoning", "reasoning_content", "response.reasoning_text.delta"),
+                                 ("message", "content", "response.output_text.delta")):
+            text = delta.get(key)
+            if not text or kind in closed:
+                continue
+            if kind not in opened:
+                for e in open_item(kind):
+                    yield e
+            texts[kind] += text
+            extra = {"logprobs": []} if kind == "message" else {}
+            yield ev(event, item_id=ids[kind], output_index=opened.index(kind), content_index=0, delta=text, **extra)
+    choice = r.c.choices.get(0)
+    if choice is None:  # the client went away
+        return
+    keep(choice)
+    body = r.body(choice)
+    finals = {item["type"]: item for item in body["output"] if item["type"] in ("reasoning", "message")}
+    if "message" in finals and "message" not in opened:  # an empty answer: its item still exists
+        for e in open_item("message"):
+            yield e
+    for kind in ("reasoning", "message"):
+        for e in close_item(kind, finals.get(kind)):
+            yield e
+    for item in body["output"]:
+        if item["type"] != "function_call":
+            continue
+        index = len(opened)
+        opened.append(item["id"])
+        yield ev("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
+        yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                 delta=item["arguments"])
+        yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                 arguments=item["arguments"], name=item["name"])
+        yield ev("response.output_item.done", output_index=index, item=item)
+    yield ev("response.incomplete" if body["status"] == "incomplete" else "response.completed", response=body)

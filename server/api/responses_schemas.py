@@ -1,0 +1,117 @@
+"""Typed requests of OpenAI's Responses API, as far as art-server serves it.
+
+Input is a string or a list of items: messages (text parts only), `function_call`,
+`function_call_output` and `reasoning` items, which is what a harness echoes back of earlier
+responses. Item types and tool types that a chat template cannot render (images, files, hosted
+tools) fail validation with the item's place named. Unknown top-level parameters are accepted and
+ignored, as for chat.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from protocol.choices import INT64
+from server.api.schemas import TOOL_NAME, FunctionSpec
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # ids, status, annotations: what clients echo back
+
+
+class TextPart(_Item):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class MessageItem(_Item):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Union[str, list[TextPart]]
+
+
+class FunctionCallItem(_Item):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1, max_length=200)
+    name: str = Field(pattern=TOOL_NAME.pattern)
+    arguments: str = Field(max_length=10_000_000)
+
+
+class FunctionCallOutputItem(_Item):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=200)
+    output: Union[str, list[TextPart]]
+
+
+class ReasoningText(_Item):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(_Item):
+    type: Literal["reasoning"]
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+
+
+def _item_type(item: Any) -> str | None:
+    if isinstance(item, dict):
+        return item.get("type", "message")
+    return getattr(item, "type", None)
+
+
+InputItem = Annotated[Union[Annotated[MessageItem, Tag("message")],
+                            Annotated[FunctionCallItem, Tag("function_call")],
+                            Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+                            Annotated[ReasoningItem, Tag("reasoning")]],
+                      Discriminator(_item_type, custom_error_type="invalid_item",
+                                    custom_error_message="item type must be message, function_call, "
+                                                         "function_call_output or reasoning")]
+
+
+class FunctionTool(FunctionSpec):
+    type: Literal["function"]
+    strict: bool | None = None
+
+
+class NamedFunctionChoice(BaseModel):
+    type: Literal["function"]
+    name: str = Field(pattern=TOOL_NAME.pattern)
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(max_length=300)
+    input: Union[str, Annotated[list[InputItem], Field(min_length=1, max_length=100_000)]]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = Field(default=None, max_length=128)
+    tool_choice: Union[Literal["auto", "none", "required"], NamedFunctionChoice, None] = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = Field(default=None, ge=1, le=INT64)
+    temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    previous_response_id: str | None = Field(default=None, max_length=200)
+    store: bool = True
+    stream: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # artisan's: reproducible samples
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, v: Any) -> Any:
+        if isinstance(v, str) and not v:
+            raise ValueError("input must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "ResponsesRequest":
+        if isinstance(self.tool_choice, NamedFunctionChoice) and \
+                self.tool_choice.name not in {t.name for t in self.tools or []}:
+            raise ValueError(f"tool_choice names {self.tool_choice.name!r}, which is not among the tools")
+        if self.tool_choice == "required" and not self.tools:
+            raise ValueError("tool_choice 'required' needs tools")
+        return self

@@ -1,0 +1,57 @@
+"""Sessions recorded by the server (server/sessions.py): look one up, drop one, train on scored ones.
+
+`POST /v1/runs/{name}/session-jobs` takes `{session_id, reward}` groups, assembles each session's
+trajectory from what was recorded, and submits an ordinary RL job: the same checks before it is
+queued (token ids, model fingerprint), the same token-exact assembly when it trains, the same
+events to follow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from protocol.jobs import RLJob, SessionJob
+from protocol.trajectory import TrajectoryGroup
+from server.api.auth import caller, require_api_key
+from server.api.deps import RunDep, SessionId, State, session_error
+from server.api.errors import APIError
+from server.api.limits import GuardedRoute
+from server.api.training_routes import queue_job
+from server.sessions import SessionError
+
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+
+
+@router.get("/v1/sessions/{session_id}")
+async def get_session(session_id: SessionId, request: Request, state: State) -> dict[str, Any]:
+    try:
+        return state.sessions.get(session_id, caller(request)).info()
+    except SessionError as e:
+        raise session_error(e)
+
+
+@router.delete("/v1/sessions/{session_id}")
+async def delete_session(session_id: SessionId, request: Request, state: State) -> dict[str, Any]:
+    try:
+        state.sessions.delete(session_id, caller(request))
+    except SessionError as e:
+        raise session_error(e)
+    return {"deleted": session_id}
+
+
+@router.post("/v1/runs/{name}/session-jobs", status_code=202)
+async def submit_session_job(run: RunDep, body: SessionJob, request: Request, state: State) -> dict[str, Any]:
+    owner, groups = caller(request), []
+    for gi, g in enumerate(body.groups):
+        trajectories = []
+        for si, s in enumerate(g.sessions):
+            try:
+                trajectories.append(state.sessions.trajectory(s.session_id, owner, s.reward, s.metrics))
+            except SessionError as e:
+                raise APIError(e.status if e.status != 409 else 400, f"groups[{gi}].sessions[{si}]: {e.message}",
+                               param=f"groups[{gi}].sessions[{si}].session_id", code="session_unavailable")
+        groups.append(TrajectoryGroup(trajectories=trajectories, exceptions=g.exceptions,
+                                      metadata={"sessions": [s.session_id for s in g.sessions]}))
+    return await queue_job(state, run, RLJob(groups=groups, config=body.config, idempotency_key=body.idempotency_key))
