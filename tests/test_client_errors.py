@@ -60,7 +60,8 @@ def test_run_name_with_a_space():
 
 
 def test_unknown_example_lists_the_examples():
-    _one_line_error(_cli("--example", "retial"), "'retial'", "demo, retail", "make_example", status=EXIT_USAGE)
+    _one_line_error(_cli("--example", "retial"), "'retial'", "demo, reasoning_gym, retail", "make_example",
+                    status=EXIT_USAGE)
 
 
 def test_grpo_is_not_a_loss_but_every_loss_is_group_relative():
