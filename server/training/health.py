@@ -23,8 +23,14 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
     """`previous`: the figures of the run's last trained RL step, for the rules that compare steps."""
     w: list[str] = []
     total, constant = m.groups_total, m.groups_dropped_constant
-    single, failed = m.groups_dropped_single, m.groups_dropped_failed
-    no_group_trains = bool(total) and single + failed + constant == total
+    single, failed, stale = m.groups_dropped_single, m.groups_dropped_failed, m.groups_dropped_stale
+    no_group_trains = bool(total) and single + failed + constant + stale == total
+    if stale:
+        w.append(f"{stale} of {total} groups were sampled more than {m.staleness_bound} steps before the weights "
+                 f"this step trained (max_steps_off_policy) and were dropped"
+                 + (": nothing was trained." if stale == total else ".")
+                 + " Their rollouts took longer than the steps that overtook them: raise the bound, shorten the "
+                   "slowest rollouts, or sample fewer groups ahead.")
     if single:
         which = f"All {total} groups" if single == total else f"{single} of {total} groups"
         w.append(f"{which} had one trajectory, and {SINGLE_TRAJECTORY}."

@@ -8,6 +8,8 @@ sometimes answers yes, no or maybe (the embedded shop agent never does).
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import math
 import os
 import subprocess
@@ -210,3 +212,49 @@ def test_arts_train_keywords_keep_arts_meaning():
                 {"no_such_argument": 1}):
         with pytest.raises(UnsupportedArgument, match=next(iter(bad))):
             train_config(**bad)
+
+
+def test_arts_pipeline_trainer_trains_four_steps_through_this_backend(server, in_tmp):
+    """ART's asynchronous PipelineTrainer with ART's own yes/no/maybe rollout and eval functions:
+    rollouts go on while steps train, each group sampled by the step its adapter lease pinned."""
+    ynm = yes_no_maybe()
+    import art.pipeline_trainer as pipeline_trainer
+
+    ynm.ROLLOUTS_PER_SCENARIO = 8  # ART's example samples 32 per group, for a GPU box
+    pruned: list[set[int]] = []
+
+    class Backend(ArtisanBackend):
+        async def prune_model_adapters(self, model, *, retain_steps):
+            pruned.append(set(retain_steps))
+            await super().prune_model_adapters(model, retain_steps=retain_steps)
+
+    settings = {"num_rollout_workers": 4, "min_batch_size": 2, "max_batch_size": 4}
+    runtime = getattr(pipeline_trainer, "PipelineRuntimeConfig", None)  # 0.5.20 moved these into one config
+    pipeline = {"pipeline": runtime(**settings)} if runtime is not None else settings
+
+    async def go():
+        backend = Backend(server.url)
+        model = art.TrainableModel(name="pipelined", project="artisan-art", base_model=HUB_ID)
+        await model.register(backend)
+        scenarios = ynm.build_scenarios()
+        trainer = pipeline_trainer.PipelineTrainer(
+            model=model, backend=backend, rollout_fn=ynm.rollout_fn, scenarios=itertools.cycle(scenarios),
+            config=None, learning_rate=1e-4, loss_fn="cispo", max_steps=4, max_steps_off_policy=1,
+            eval_fn=functools.partial(ynm.eval_fn, scenarios=scenarios[:4]), eval_every_n_steps=2,
+            eval_at_start=False, **pipeline)
+        await trainer.train(handle_signals=False)
+        step = await model.get_step()
+        run = await backend._run(model).request("GET", "/v1/runs/pipelined")
+        rows = (await backend._run(model).request("GET", "/v1/runs/pipelined/trajectories",
+                                                  params={"split": "train"}))["data"]
+        await backend.close()
+        return step, run["steps"], rows
+
+    step, steps, rows = asyncio.run(go())
+    assert step == 4 and [s["step"] for s in steps if s["kind"] == "rl"] == [1, 2, 3, 4]
+    for s in steps:
+        m = s["metrics"]
+        assert m["trained"] and m["staleness_max"] <= 1 and m["prompt_mismatches"] == 0
+    assert pruned and all(max(r) - min(r) <= 1 for r in pruned)  # ART keeps the steps within its bound
+    policies = {c["sampling"]["policy"] for r in rows for c in r["data"]["messages_and_choices"] if "sampling" in c}
+    assert policies and all(p.startswith("pipelined@") for p in policies)  # each rollout pinned to its step
