@@ -247,3 +247,11 @@ def test_groups_dropped_for_staleness_are_counted_apart_from_constant_ones():
     mixed = step_warnings({"groups_total": 3, "groups_dropped_stale": 1, "groups_dropped_constant": 2,
                            "staleness_bound": 1, "trainable_tokens": 0})
     assert any("other 2 groups had the same reward" in w for w in mixed)
+
+
+def test_a_logprob_gap_is_a_warning_only_for_groups_the_trained_weights_sampled():
+    on_policy = step_warnings({"groups_total": 2, "groups_trainable": 2, "trainable_tokens": 9, "trained": 1,
+                               "lora_update_norm": 0.1, "logprob_gap": 0.2, "staleness_max": 0})
+    stale = step_warnings({"groups_total": 2, "groups_trainable": 2, "trainable_tokens": 9, "trained": 1,
+                           "lora_update_norm": 0.1, "logprob_gap": 0.2, "staleness_max": 2})
+    assert any("disagree on token logprobs" in w for w in on_policy) and stale == []

@@ -70,7 +70,9 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
         w.append(f"{m.unsampled_choices} of {m.choices} choices were not sampled by this server (no token ids, and "
                  f"no turn it remembers with that content): they were context, not training data.")
     gap = m.logprob_gap
-    if gap is not None and gap > LOGPROB_GAP_LIMIT:
+    # Off-policy groups differ from the trainer by design (the policy moved since they were sampled):
+    # the gap says something is wrong only for groups sampled by the weights being trained.
+    if gap is not None and gap > LOGPROB_GAP_LIMIT and not m.staleness_max:
         w.append(f"Sampler and trainer disagree on token logprobs (mean gap {gap:.3f}, expected ~0 on-policy): "
                  f"the samples are stale (sampled from an older step) or were not produced by this model.")
     if m.trained and m.lora_update_norm == 0.0:

@@ -50,6 +50,12 @@ def yes_no_maybe():
     return yes_no_maybe_pipeline
 
 
+def trainable(name: str, **kw) -> "art.TrainableModel":
+    """openpipe-art 0.5.20 made `run_name` (one model, several runs of it) a required argument."""
+    runs = {"run_name": name} if "run_name" in art.TrainableModel.model_fields else {}
+    return art.TrainableModel(name=name, **runs, **kw)
+
+
 def _smollm2() -> str:
     """The GGUF file lives in the server's environment, with the rest of the test models."""
     # tests.real_models by path: ART's dependency `cint` installs a top-level `tests` package of its own.
@@ -76,7 +82,7 @@ def test_arts_own_loop_trains_three_steps(server, in_tmp):
 
     async def go():
         backend = ArtisanBackend(server.url)
-        model = art.TrainableModel(name="ynm", project="artisan-art", base_model=HUB_ID)
+        model = trainable("ynm", project="artisan-art", base_model=HUB_ID)
         await model.register(backend)
         steps = []
         for batch in iterate_dataset(ynm.build_scenarios(), groups_per_step=4, num_epochs=1, use_tqdm=False):
@@ -111,7 +117,7 @@ def test_arts_own_loop_trains_three_steps(server, in_tmp):
 def test_litellm_and_streamed_rollouts_train_token_exactly(server, in_tmp):
     async def go():
         backend = ArtisanBackend(server.url)
-        model = art.TrainableModel(name="rebuilt", project="artisan-art", base_model=HUB_ID)
+        model = trainable("rebuilt", project="artisan-art", base_model=HUB_ID)
         await model.register(backend)
         client = model.openai_client()
         groups = []
@@ -174,7 +180,7 @@ def group_as_ours(group):
 def test_a_step_with_nothing_to_train_raises_instead_of_spinning(server, in_tmp):
     async def go():
         backend = ArtisanBackend(server.url)
-        model = art.TrainableModel(name="flat", project="artisan-art", base_model=HUB_ID)
+        model = trainable("flat", project="artisan-art", base_model=HUB_ID)
         await model.register(backend)
         resp = await model.openai_client().chat.completions.create(
             model=model.get_inference_name(), messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=4)
@@ -234,7 +240,7 @@ def test_arts_pipeline_trainer_trains_four_steps_through_this_backend(server, in
 
     async def go():
         backend = Backend(server.url)
-        model = art.TrainableModel(name="pipelined", project="artisan-art", base_model=HUB_ID)
+        model = trainable("pipelined", project="artisan-art", base_model=HUB_ID)
         await model.register(backend)
         scenarios = ynm.build_scenarios()
         trainer = pipeline_trainer.PipelineTrainer(
