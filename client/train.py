@@ -5,11 +5,16 @@ the run's current step when restarted, prints one line per step, and writes `sum
 `reward.png` to `--out`. After `--patience` attempts in a row that trained nothing it stops with
 exit status 3 and says why (client/patience.py). Errors are one line (client/errors.py). Never
 imports torch: this runs on a laptop.
+
+The loop is client/pipeline.py's: with `--max-steps-off-policy 0` (the default) it samples a
+batch, trains it, and samples the next from the new step; with S > 0, rollouts go on while a step
+trains, from the newest step, and no group trains more than S steps stale.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -24,9 +29,10 @@ import typer
 from pydantic import BaseModel, Field, ValidationError
 
 from client.errors import ConfigError, cli_errors, validation_line
-from client.gather import TooManyExceptions, gather_trajectory_groups
+from client.gather import gather_trajectory_groups
 from client.model import TrainableModel, check_server_url
 from client.patience import Patience, attempt_record, failed_rollouts_record
+from client.pipeline import Journal, Pipeline
 from protocol.config import MODULE_NAME, LossName, RunSpec, TrainConfig
 from protocol.jobs import TrainResult
 from protocol.trajectory import TrajectoryGroup
@@ -51,6 +57,9 @@ class LoopConfig(BaseModel):
     eval_tasks: int = Field(default=64, ge=1)
     # Attempts in a row that may train nothing before the loop gives up (see client/patience.py).
     patience: int = Field(default=3, ge=1)
+    # Steps a group's sampler may be behind the weights that train it (client/pipeline.py); 0 is
+    # synchronous: no sampling while a step trains.
+    max_steps_off_policy: int = Field(default=0, ge=0, le=64)
     seed: int = 0
     out: Path = Path("out/train")
     reward: Literal["env", "ruler"] = "env"
@@ -98,13 +107,16 @@ def load_example(name: str, **kwargs: Any) -> Example:
 
 
 async def run_groups(model: TrainableModel, example: Example, tasks: list[Task], group_size: int,
-                     hook=None, progress: bool = True, description: str = "rollouts") -> list[TrajectoryGroup]:
+                     hook=None, progress: bool = True, description: str = "rollouts", policy: str | None = None,
+                     max_exceptions: int | float = 0.5) -> list[TrajectoryGroup]:
+    """`policy`: the served name to sample from (`run@step`); the run's latest step by default."""
     # One client per batch, closed when the batch is done: an unclosed client's connections can
     # leave a later batch's responses unread until they time out.
     async with model.openai_client(max_retries=0, timeout=120) as client:
-        groups = [[rollout(client, model.name, example.make_env(t), t, example.settings) for _ in range(group_size)]
-                  for t in tasks]
-        return await gather_trajectory_groups(groups, progress=progress, after_each=hook, description=description)
+        groups = [[rollout(client, policy or model.name, example.make_env(t), t, example.settings)
+                   for _ in range(group_size)] for t in tasks]
+        return await gather_trajectory_groups(groups, progress=progress, after_each=hook, description=description,
+                                              max_exceptions=max_exceptions)
 
 
 def mean_reward(groups: list[TrajectoryGroup]) -> float | None:
@@ -112,9 +124,12 @@ def mean_reward(groups: list[TrajectoryGroup]) -> float | None:
     return sum(rewards) / len(rewards) if rewards else None
 
 
-async def evaluate(model: TrainableModel, example: Example, tasks: list[Task], progress: bool) -> float | None:
-    groups = await run_groups(model, example, tasks, 1, progress=progress, description="eval")
-    await model.log(groups, split="val")
+async def evaluate(model: TrainableModel, example: Example, tasks: list[Task], progress: bool,
+                   step: int | None = None) -> float | None:
+    """Held-out reward of step `step` (the latest by default), logged as that step's."""
+    policy = None if step is None else f"{model.name}@{step}"
+    groups = await run_groups(model, example, tasks, 1, progress=progress, description="eval", policy=policy)
+    await model.log(groups, split="val", step=step)
     return mean_reward(groups)
 
 
@@ -144,10 +159,12 @@ def step_line(result: TrainResult) -> str:
     m = result.metrics
     gap = "None" if m.logprob_gap is None else f"{m.logprob_gap:.1e}"
     head = f"step {result.step:3d}" if result.trained else f"step {result.step + 1:3d} not trained"
-    dropped = m.groups_dropped_constant + m.groups_dropped_single + m.groups_dropped_failed
+    dropped = m.groups_dropped_constant + m.groups_dropped_single + m.groups_dropped_failed + m.groups_dropped_stale
+    stale = (f" | staleness mean {m.staleness_mean:.2f} max {m.staleness_max}, {m.groups_dropped_stale} too stale"
+             if m.staleness_bound and m.staleness_mean is not None else "")
     return (f"{head} | reward {m.reward_mean or 0:.3f} | groups {m.groups_trainable}/{m.groups_total} "
             f"trainable, {dropped} dropped | exceptions {m.trajectories_excluded} | logprob_gap "
-            f"{gap} | {m.step_seconds or 0:.1f}s" + "".join(f"\n  warning: {w}" for w in result.warnings))
+            f"{gap}{stale} | {m.step_seconds or 0:.1f}s" + "".join(f"\n  warning: {w}" for w in result.warnings))
 
 
 class Summary:
@@ -177,8 +194,9 @@ class Summary:
         return summary
 
 
-async def train_loop(cfg: LoopConfig) -> dict[str, Any]:
-    example = load_example(cfg.example)
+async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[str, Any]:
+    """The run `cfg` describes; `example` is an Example object to train instead of `cfg.example`'s."""
+    example = example or load_example(cfg.example)
     for key, value in cfg.rollout_overrides.items():
         if value is not None:
             setattr(example.settings, key, value)
@@ -192,41 +210,55 @@ async def train_loop(cfg: LoopConfig) -> dict[str, Any]:
     model = await TrainableModel(cfg.run, project=cfg.project).register(cfg.server, cfg.api_key)
     cfg.out.mkdir(parents=True, exist_ok=True)
     held_out, train_tasks = example.eval_tasks()[: cfg.eval_tasks], example.train_tasks(cfg.seed)
-    rng = random.Random(cfg.seed)
+    rng, drawn = random.Random(cfg.seed), []
     summary = Summary(cfg.out / "summary.json", cfg.run, resumed_at=model.step)
+    train_cfg = cfg.train.model_copy(update={"max_steps_off_policy": cfg.max_steps_off_policy})
 
     async def eval_now() -> None:
-        reward = await evaluate(model, example, held_out, cfg.progress)
-        summary.evals.append({"step": model.step, "reward": reward})
-        print(f"eval @ step {model.step}: reward {reward:.3f}", flush=True)
+        step = model.step
+        reward = await evaluate(model, example, held_out, cfg.progress, step)
+        summary.evals.append({"step": step, "reward": reward, "wall_seconds": time.time() - summary.started})
+        print(f"eval @ step {step}: reward {reward:.3f}", flush=True)
+
+    async def sample(policy: str, index: int) -> TrajectoryGroup:
+        # Tasks in the order groups start, from the seed: a synchronous run draws the tasks it always drew.
+        while len(drawn) <= index:
+            drawn.append(train_tasks[rng.randrange(len(train_tasks))])
+        groups = await run_groups(model, example, [drawn[index]], cfg.group_size, hook, progress=False,
+                                  policy=policy, max_exceptions=1.0)
+        return groups[0]
 
     if not summary.evals:
         await eval_now()
     patience = Patience(cfg.patience)
+    pipeline = Pipeline(sample, lambda groups, key: model.train(groups, train_cfg, idempotency_key=key),
+                        run=model.name, served_step=model.step, groups_per_step=cfg.groups_per_step,
+                        max_steps_off_policy=cfg.max_steps_off_policy, journal=Journal(cfg.out / "pending"),
+                        retain=model.retain_adapters)
     # A step with nothing to train does not advance the run: patience ends a streak of those.
-    while model.step < cfg.steps:
-        tasks = [train_tasks[rng.randrange(len(train_tasks))] for _ in range(cfg.groups_per_step)]
-        try:
-            groups = await run_groups(model, example, tasks, cfg.group_size, hook, cfg.progress,
-                                      f"step {model.step + 1}")
-        except TooManyExceptions as exc:  # an outage may pass: counted as an attempt, not fatal at once
-            attempt = failed_rollouts_record(model.step, exc)
-            print(f"step {model.step + 1:3d} not trained | {exc}", flush=True)
-        else:
-            result = await model.train(groups, cfg.train)
-            attempt = attempt_record(groups, result)
-            print(step_line(result), flush=True)
-            if result.trained and cfg.eval_every and result.step % cfg.eval_every == 0 and result.step < cfg.steps:
-                await eval_now()
-        summary.history.append(attempt)
-        patience.record(attempt)
-        if patience.exhausted:
-            verdict = patience.verdict(model.step, cfg.group_size, where=str(summary.path),
-                                       eval_rewards=tuple(e["reward"] for e in summary.evals))
-            summary.write(stopped={"cause": verdict.cause, "attempts": len(patience.streak), "message": str(verdict)})
-            plot(summary.history, summary.evals, cfg.out / "reward.png")
-            raise verdict
-        summary.write()
+    async with contextlib.aclosing(pipeline.steps(cfg.steps)) as outcomes:
+        async for outcome in outcomes:
+            if outcome.error is not None:  # an outage may pass: counted as an attempt, not fatal at once
+                attempt = failed_rollouts_record(model.step, outcome.error)
+                print(f"step {model.step + 1:3d} not trained | {outcome.error}", flush=True)
+            else:
+                result = outcome.result
+                attempt = attempt_record(outcome.groups, result)
+                print(step_line(result), flush=True)
+                if (result.trained and cfg.eval_every and result.step % cfg.eval_every == 0
+                        and result.step < cfg.steps):
+                    await eval_now()
+            attempt["wall_seconds"] = time.time() - summary.started
+            summary.history.append(attempt)
+            patience.record(attempt)
+            if patience.exhausted:
+                verdict = patience.verdict(model.step, cfg.group_size, where=str(summary.path),
+                                           eval_rewards=tuple(e["reward"] for e in summary.evals))
+                summary.write(stopped={"cause": verdict.cause, "attempts": len(patience.streak),
+                                       "message": str(verdict)})
+                plot(summary.history, summary.evals, cfg.out / "reward.png")
+                raise verdict
+            summary.write()
     if summary.evals[-1]["step"] != model.step:
         await eval_now()
     plot(summary.history, summary.evals, cfg.out / "reward.png")
@@ -259,6 +291,9 @@ def main(
     progress: bool = typer.Option(True, help="Show progress bars."),
     patience: int = typer.Option(3, help="Stop, with exit status 3 and the cause, after this many attempts in a "
                                          "row that trained nothing (e.g. every rollout scored the same)."),
+    max_steps_off_policy: int = typer.Option(0, help="Keep sampling while a step trains, from the newest step, "
+                                                     "with no group trained more than this many steps stale "
+                                                     "(0: synchronous)."),
     debug: bool = typer.Option(False, "--debug", envvar="ARTISAN_DEBUG",
                                help="Show the full traceback of an error (also ARTISAN_DEBUG=1)."),
 ) -> None:
@@ -266,7 +301,7 @@ def main(
         cfg = loop_config(server=server, api_key=api_key, run=run, project=project, example=example, steps=steps,
                           groups_per_step=groups_per_step, group_size=group_size, eval_every=eval_every,
                           eval_tasks=eval_tasks, seed=seed, out=out, reward=reward, judge=judge, progress=progress,
-                          patience=patience, train={"learning_rate": learning_rate, "loss": loss,
+                          patience=patience, max_steps_off_policy=max_steps_off_policy, train={"learning_rate": learning_rate, "loss": loss,
                                                     "num_minibatches": num_minibatches, "epochs": epochs},
                           rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens,
                                              "temperature": temperature})

@@ -78,6 +78,10 @@ class TrainConfig(BaseModel):
     count_dropped_groups: bool = True
     # A rebuilt context that differs from what the sampler saw is never trained silently.
     skip_mismatched_prompts: bool = True
+    # The most steps a group's sampler may be behind the weights this step starts from (its
+    # staleness, read from each choice's sampling record); staler groups are dropped and counted.
+    # None: no bound (a group is trained however old its sampler).
+    max_steps_off_policy: int | None = Field(default=None, ge=0, le=10_000)
 
 
 class SFTConfig(BaseModel):

@@ -20,6 +20,13 @@ class StepMetrics(BaseModel):
     groups_dropped_constant: int = 0  # two or more rollouts, every one scored the same
     groups_dropped_single: int = 0  # one rollout: group-relative advantages need two
     groups_dropped_failed: int = 0  # every rollout failed (exceptions only)
+    # Off-policy (protocol/staleness.py): how many steps each group's sampler was behind the
+    # weights this step started from, over the groups within the submission's bound; those past it
+    # were dropped. None where no choice carried a sampling record of this run.
+    staleness_mean: float | None = None
+    staleness_max: int | None = None
+    groups_dropped_stale: int = 0
+    staleness_bound: int | None = None  # the submission's max_steps_off_policy
     trajectories_total: int = 0
     trajectories_excluded: int = 0  # rollouts that failed for infrastructure reasons (never scored)
     reward_mean: float | None = None

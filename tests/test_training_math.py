@@ -197,3 +197,66 @@ def test_rollouts_that_all_failed_are_not_called_constant_rewards():
                        "trajectories_excluded": 6, "trainable_tokens": 0})
     assert w == ["All 6 rollouts failed with errors and were excluded: nothing was left to train on. "
                  "Check the server, tools or judge."]
+
+
+def _train_on_a_stale_group(loss_fn, steps: int = 200, lr: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 4-way policy trained again and again on one group sampled by an older policy (the
+    behaviour policy, whose logprobs the choices carry). Returns the final logits and the ratio
+    of current to behaviour probability on each sampled action."""
+    behaviour = torch.tensor([0.0, 0.5, 0.0, -0.5])
+    theta = (behaviour + torch.tensor([0.3, -0.1, 0.0, -0.2])).requires_grad_()  # the policy moved since
+    actions = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    rewards = (actions == 0).float()
+    adv = rewards - rewards.mean()
+    old = torch.log_softmax(behaviour, -1)[actions]
+    opt = torch.optim.SGD([theta], lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        lp = torch.log_softmax(theta, -1)[actions]
+        loss, _ = loss_fn(lp, old, adv)
+        loss.mean().backward()
+        opt.step()
+    with torch.no_grad():
+        ratio = torch.exp(torch.log_softmax(theta, -1)[actions] - old)
+    return theta.detach(), ratio
+
+
+def test_a_stale_group_trains_inside_the_trust_region_and_diverges_without_the_correction():
+    """Off-policy correction: the ratio is taken against the sampler's logprobs and clipped, so
+    however often a stale group is trained on, the policy stops where the ratio leaves
+    [1 - eps_low, 1 + eps_high]. Trained as if it were on-policy (REINFORCE on the stale samples),
+    the same group pushes the logits apart without end. (The rewarded action's ratio ends past
+    1 + eps_high: the other actions' samples, clipped at 1 - eps_low, leave it their mass.)"""
+    ppo = lambda lp, old, adv: losses.ppo_loss(lp, old, adv, 0.2, 0.28)  # noqa: E731
+    theta, ratio = _train_on_a_stale_group(ppo)
+    assert ratio[0] > 1.0  # it trained: the rewarded action gained
+    assert ratio[[1, 2, 3]].min() > 0.8 * 0.95 and ratio.max() < 2.0  # and stopped at the clip bounds
+    assert (theta[0] - theta[1:]).max() < 2.0
+    longer, _ = _train_on_a_stale_group(ppo, steps=400)
+    assert torch.allclose(longer, theta, atol=1e-6)  # it has stopped moving
+
+    on_policy = lambda lp, old, adv: (-(adv * lp), None)  # noqa: E731  (the behaviour policy ignored)
+    drift, drift_ratio = _train_on_a_stale_group(on_policy)
+    drift_longer, _ = _train_on_a_stale_group(on_policy, steps=400)
+    gap, gap_longer = (drift[0] - drift[1:]).min(), (drift_longer[0] - drift_longer[1:]).min()
+    assert gap > 20 and gap_longer > 1.9 * gap  # the logits move apart linearly: no bound
+    assert drift_ratio[[1, 2, 3]].max() < 1e-6  # the unrewarded actions: gone
+
+
+def test_groups_dropped_for_staleness_are_counted_apart_from_constant_ones():
+    some = step_warnings({"groups_total": 4, "groups_dropped_stale": 1, "staleness_bound": 2, "groups_trainable": 3,
+                          "trainable_tokens": 9, "trained": 1, "lora_update_norm": 0.1})
+    assert len(some) == 1 and some[0].startswith("1 of 4 groups were sampled more than 2 steps before")
+    every = step_warnings({"groups_total": 2, "groups_dropped_stale": 2, "staleness_bound": 0, "trainable_tokens": 0})
+    assert len(every) == 1 and "nothing was trained" in every[0] and "same reward" not in every[0]
+    mixed = step_warnings({"groups_total": 3, "groups_dropped_stale": 1, "groups_dropped_constant": 2,
+                           "staleness_bound": 1, "trainable_tokens": 0})
+    assert any("other 2 groups had the same reward" in w for w in mixed)
+
+
+def test_a_logprob_gap_is_a_warning_only_for_groups_the_trained_weights_sampled():
+    on_policy = step_warnings({"groups_total": 2, "groups_trainable": 2, "trainable_tokens": 9, "trained": 1,
+                               "lora_update_norm": 0.1, "logprob_gap": 0.2, "staleness_max": 0})
+    stale = step_warnings({"groups_total": 2, "groups_trainable": 2, "trainable_tokens": 9, "trained": 1,
+                           "lora_update_norm": 0.1, "logprob_gap": 0.2, "staleness_max": 2})
+    assert any("disagree on token logprobs" in w for w in on_policy) and stale == []

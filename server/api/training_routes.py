@@ -160,6 +160,19 @@ async def prune_checkpoints(run: RunDep, body: PruneRequest, state: State) -> di
     return {"deleted": deleted, "kept": [c["step"] for c in state.runs.list_checkpoints(run)]}
 
 
+class RetainRequest(BaseModel):
+    steps: list[Annotated[int, Field(ge=0, le=INT64)]] = Field(max_length=10_000)
+
+
+@router.post("/v1/runs/{name}/adapters/retain")
+async def retain_adapters(run: RunDep, body: RetainRequest, state: State) -> dict[str, Any]:
+    """Keep these steps' adapters loaded for rollouts still sampling from them, and unload the
+    others (the latest step and adapters a request is decoding on stay). An unloaded step is
+    still served: it is loaded from its checkpoint when a request names it."""
+    loaded = await asyncio.to_thread(state.runs.retain, run, set(body.steps))
+    return {"retained": sorted(set(body.steps)), "loaded": loaded}
+
+
 @router.post("/v1/runs/{name}/log")
 async def log_groups(run: RunDep, body: LogRequest, state: State) -> dict[str, Any]:
     """Store evaluation (or any non-training) groups for browsing; nothing is trained."""

@@ -23,8 +23,14 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
     """`previous`: the figures of the run's last trained RL step, for the rules that compare steps."""
     w: list[str] = []
     total, constant = m.groups_total, m.groups_dropped_constant
-    single, failed = m.groups_dropped_single, m.groups_dropped_failed
-    no_group_trains = bool(total) and single + failed + constant == total
+    single, failed, stale = m.groups_dropped_single, m.groups_dropped_failed, m.groups_dropped_stale
+    no_group_trains = bool(total) and single + failed + constant + stale == total
+    if stale:
+        w.append(f"{stale} of {total} groups were sampled more than {m.staleness_bound} steps before the weights "
+                 f"this step trained (max_steps_off_policy) and were dropped"
+                 + (": nothing was trained." if stale == total else ".")
+                 + " Their rollouts took longer than the steps that overtook them: raise the bound, shorten the "
+                   "slowest rollouts, or sample fewer groups ahead.")
     if single:
         which = f"All {total} groups" if single == total else f"{single} of {total} groups"
         w.append(f"{which} had one trajectory, and {SINGLE_TRAJECTORY}."
@@ -64,7 +70,9 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
         w.append(f"{m.unsampled_choices} of {m.choices} choices were not sampled by this server (no token ids, and "
                  f"no turn it remembers with that content): they were context, not training data.")
     gap = m.logprob_gap
-    if gap is not None and gap > LOGPROB_GAP_LIMIT:
+    # Off-policy groups differ from the trainer by design (the policy moved since they were sampled):
+    # the gap says something is wrong only for groups sampled by the weights being trained.
+    if gap is not None and gap > LOGPROB_GAP_LIMIT and not m.staleness_max:
         w.append(f"Sampler and trainer disagree on token logprobs (mean gap {gap:.3f}, expected ~0 on-policy): "
                  f"the samples are stale (sampled from an older step) or were not produced by this model.")
     if m.trained and m.lora_update_norm == 0.0:

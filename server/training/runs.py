@@ -42,6 +42,9 @@ class Run:
     params: list[torch.nn.Parameter]
     host: ModelHost
     snapshots: dict[int, str] = field(default_factory=dict)  # step -> served adapter name
+    # Steps a client still samples from (a pipelined run's rollouts in flight): kept loaded past
+    # SERVED_SNAPSHOTS until the client retains other steps (RunManager.retain).
+    retained: set[int] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -197,8 +200,21 @@ class RunManager:
         with self.host.lock:
             state = self.host.adapter_state(run.adapter)
         self._serve_step(run, run.step, state, latest=True)
-        for old in sorted(run.snapshots)[:-SERVED_SNAPSHOTS]:
-            self._unload(run, old)
+        with self._lock:  # a client's retain() unloads from the same table
+            for old in sorted(run.snapshots)[:-SERVED_SNAPSHOTS]:
+                if old not in run.retained:
+                    self._unload(run, old)
+
+    def retain(self, run: Run, steps: set[int]) -> list[int]:
+        """Keep exactly these steps' adapters loaded (and the latest, and any a request is decoding
+        on); unload the rest. A step unloaded here is still servable: `resolve` loads it from its
+        checkpoint when asked. Returns the steps loaded now."""
+        with self._lock:
+            run.retained = set(steps)
+            for old in sorted(run.snapshots):
+                if old not in run.retained:
+                    self._unload(run, old)
+            return sorted(run.snapshots)
 
     def _serve_step(self, run: Run, step: int, state: dict[str, torch.Tensor], latest: bool) -> Policy:
         adapter = adapter_name(run.name, f"s{step}")

@@ -1,8 +1,9 @@
 """A training step computed, from submitted groups (RL) or conversations (SFT) to an updated
 adapter and the figures that say how it went; committing it is server/training/commit.py's.
 
-RL, as a pipeline of named steps: count what was submitted; drop the groups that carry no signal
-(every rollout failed, one rollout, constant rewards) and give the rest group-relative
+RL, as a pipeline of named steps: count what was submitted; drop the groups sampled by a policy
+more steps behind than the submission allows (protocol/staleness.py); drop the groups that carry
+no signal (every rollout failed, one rollout, constant rewards) and give the rest group-relative
 advantages; assemble token-exact sequences; optimise; measure. A step with nothing to train
 comes back untrained and says why. A step whose update is not finite raises StepFailed; the
 caller restores the run's last checkpoint, so it is never served.
@@ -21,6 +22,7 @@ from protocol.choices import choice_token_ids
 from protocol.config import SFTConfig, TrainConfig
 from protocol.jobs import RLJob, SFTJob
 from protocol.metrics import StepMetrics
+from protocol.staleness import sampled_step, split_by_staleness, staleness
 from protocol.trajectory import Conversation, TrajectoryGroup
 from server.training.advantages import awr_weights, group_advantages
 from server.training.assemble import AssemblyStats, TrainSequence, assemble_history, assemble_sft
@@ -115,9 +117,22 @@ def compute(run: Run, request: RLJob | SFTJob, hooks: Hooks = Hooks()) -> Comput
     return sft_step(run, request.conversations, request.config, hooks)
 
 
+def fresh_enough(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig
+                 ) -> tuple[list[TrajectoryGroup], dict[str, Any]]:
+    """The groups within the submission's staleness bound, and the staleness figures of the step.
+    Staleness is measured against the weights this step starts from (the run's current step)."""
+    split = split_by_staleness([staleness(run.step, sampled_step(g, run.name)) for g in groups],
+                               cfg.max_steps_off_policy)
+    return [groups[i] for i in split.kept], {
+        "staleness_mean": split.mean, "staleness_max": split.max, "groups_dropped_stale": len(split.dropped),
+        "staleness_bound": cfg.max_steps_off_policy}
+
+
 def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Hooks = Hooks()) -> ComputedStep:
     t0 = time.time()
     m = submission_figures(groups)
+    groups, stale_figures = fresh_enough(run, groups, cfg)
+    m = m.model_copy(update=stale_figures)
     batch = build_batch(run, groups, cfg)
     dropped = batch.groups_dropped
     m = m.model_copy(update={**vars(batch.stats), "groups_trainable": batch.groups_trainable,

@@ -8,6 +8,8 @@ sometimes answers yes, no or maybe (the embedded shop agent never does).
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import math
 import os
 import subprocess
@@ -48,6 +50,12 @@ def yes_no_maybe():
     return yes_no_maybe_pipeline
 
 
+def trainable(name: str, **kw) -> "art.TrainableModel":
+    """openpipe-art 0.5.20 made `run_name` (one model, several runs of it) a required argument."""
+    runs = {"run_name": name} if "run_name" in art.TrainableModel.model_fields else {}
+    return art.TrainableModel(name=name, **runs, **kw)
+
+
 def _smollm2() -> str:
     """The GGUF file lives in the server's environment, with the rest of the test models."""
     # tests.real_models by path: ART's dependency `cint` installs a top-level `tests` package of its own.
@@ -74,7 +82,7 @@ def test_arts_own_loop_trains_three_steps(server, in_tmp):
 
     async def go():
         backend = ArtisanBackend(server.url)
-        model = art.TrainableModel(name="ynm", project="artisan-art", base_model=HUB_ID)
+        model = trainable("ynm", project="artisan-art", base_model=HUB_ID)
         await model.register(backend)
         steps = []
         for batch in iterate_dataset(ynm.build_scenarios(), groups_per_step=4, num_epochs=1, use_tqdm=False):
@@ -109,7 +117,7 @@ def test_arts_own_loop_trains_three_steps(server, in_tmp):
 def test_litellm_and_streamed_rollouts_train_token_exactly(server, in_tmp):
     async def go():
         backend = ArtisanBackend(server.url)
-        model = art.TrainableModel(name="rebuilt", project="artisan-art", base_model=HUB_ID)
+        model = trainable("rebuilt", project="artisan-art", base_model=HUB_ID)
         await model.register(backend)
         client = model.openai_client()
         groups = []
@@ -172,7 +180,7 @@ def group_as_ours(group):
 def test_a_step_with_nothing_to_train_raises_instead_of_spinning(server, in_tmp):
     async def go():
         backend = ArtisanBackend(server.url)
-        model = art.TrainableModel(name="flat", project="artisan-art", base_model=HUB_ID)
+        model = trainable("flat", project="artisan-art", base_model=HUB_ID)
         await model.register(backend)
         resp = await model.openai_client().chat.completions.create(
             model=model.get_inference_name(), messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=4)
@@ -210,3 +218,49 @@ def test_arts_train_keywords_keep_arts_meaning():
                 {"no_such_argument": 1}):
         with pytest.raises(UnsupportedArgument, match=next(iter(bad))):
             train_config(**bad)
+
+
+def test_arts_pipeline_trainer_trains_four_steps_through_this_backend(server, in_tmp):
+    """ART's asynchronous PipelineTrainer with ART's own yes/no/maybe rollout and eval functions:
+    rollouts go on while steps train, each group sampled by the step its adapter lease pinned."""
+    ynm = yes_no_maybe()
+    import art.pipeline_trainer as pipeline_trainer
+
+    ynm.ROLLOUTS_PER_SCENARIO = 8  # ART's example samples 32 per group, for a GPU box
+    pruned: list[set[int]] = []
+
+    class Backend(ArtisanBackend):
+        async def prune_model_adapters(self, model, *, retain_steps):
+            pruned.append(set(retain_steps))
+            await super().prune_model_adapters(model, retain_steps=retain_steps)
+
+    settings = {"num_rollout_workers": 4, "min_batch_size": 2, "max_batch_size": 4}
+    runtime = getattr(pipeline_trainer, "PipelineRuntimeConfig", None)  # 0.5.20 moved these into one config
+    pipeline = {"pipeline": runtime(**settings)} if runtime is not None else settings
+
+    async def go():
+        backend = Backend(server.url)
+        model = trainable("pipelined", project="artisan-art", base_model=HUB_ID)
+        await model.register(backend)
+        scenarios = ynm.build_scenarios()
+        trainer = pipeline_trainer.PipelineTrainer(
+            model=model, backend=backend, rollout_fn=ynm.rollout_fn, scenarios=itertools.cycle(scenarios),
+            config=None, learning_rate=1e-4, loss_fn="cispo", max_steps=4, max_steps_off_policy=1,
+            eval_fn=functools.partial(ynm.eval_fn, scenarios=scenarios[:4]), eval_every_n_steps=2,
+            eval_at_start=False, **pipeline)
+        await trainer.train(handle_signals=False)
+        step = await model.get_step()
+        run = await backend._run(model).request("GET", "/v1/runs/pipelined")
+        rows = (await backend._run(model).request("GET", "/v1/runs/pipelined/trajectories",
+                                                  params={"split": "train"}))["data"]
+        await backend.close()
+        return step, run["steps"], rows
+
+    step, steps, rows = asyncio.run(go())
+    assert step == 4 and [s["step"] for s in steps if s["kind"] == "rl"] == [1, 2, 3, 4]
+    for s in steps:
+        m = s["metrics"]
+        assert m["trained"] and m["staleness_max"] <= 1 and m["prompt_mismatches"] == 0
+    assert pruned and all(pruned)  # ART asked the server to unload the steps it no longer samples from
+    policies = {c["sampling"]["policy"] for r in rows for c in r["data"]["messages_and_choices"] if "sampling" in c}
+    assert policies and all(p.startswith("pipelined@") for p in policies)  # each rollout pinned to its step

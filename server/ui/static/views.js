@@ -14,6 +14,8 @@ const HEALTH = [
   ["kl_to_base", "KL to base"], ["trainable_tokens", "trainable tokens"],
   ["groups_dropped_constant", "groups dropped (constant reward)"], ["reward_std", "reward std"],
   ["loss", "loss"], ["truncated_fraction", "truncated fraction"], ["prompt_mismatches", "prompt mismatches"],
+  ["staleness_mean", "staleness, mean (steps behind)"], ["staleness_max", "staleness, max (steps behind)"],
+  ["groups_dropped_stale", "groups dropped (staler than the bound)"],
 ];
 const FILTERS = ["step", "split", "min_reward", "max_reward", "meta_key", "meta_value", "q"];
 

@@ -1,0 +1,161 @@
+"""Asynchronous training against synchronous, on a workload with an agent's latency.
+
+The demo task on the embedded model, its environment slowed as agents' environments are: every
+tool call takes 0.2-2 s (log-uniform), and scoring takes 0.2-0.5 s, except one episode in eight
+whose scoring takes 4-8 s (a slow verifier, judge or sandbox): the long tail a synchronous step
+waits for. For each seed, one run per bound S (0 = synchronous, then 1, 2, 4) trains the same
+number of steps through `client.train`'s loop (the library API: `train_loop` with
+`max_steps_off_policy`), one run after another on one art-server. The wall time at which each
+step landed is recorded during the run; afterwards, outside the timed region, every
+`--eval-every`-th checkpoint and the last are evaluated on 64 held-out tasks without the latency
+(the reward is the same).
+
+Time to reward: from a run's start (after its opening evaluation) to the landing of the first
+evaluated step whose held-out reward reaches the synchronous run's final one, less one standard
+error of a 64-task mean (so that evaluation noise does not decide it); each S's time is divided by
+the synchronous run's own, seed by seed.
+
+    python bench/async.py                          # 3 seeds, 12 steps of 16 groups x 8
+    python bench/async.py --seeds 1 --steps 6      # a reduced run
+
+Prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from client.local_server import LocalServer  # noqa: E402
+from client.model import TrainableModel  # noqa: E402
+from client.train import LoopConfig, evaluate, train_loop  # noqa: E402
+from examples.demo.task import ShopEnv, ShopExample  # noqa: E402
+from protocol.config import TrainConfig  # noqa: E402
+
+TOOL_SECONDS = (0.2, 2.0)
+SCORE_SECONDS, TAIL_SECONDS, TAIL_SHARE = (0.2, 0.5), (4.0, 8.0), 1 / 8
+HELD_OUT = 64
+
+
+class SlowShopEnv(ShopEnv):
+    def __init__(self, task, rng: random.Random):
+        super().__init__(task)
+        self.rng = rng
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        await asyncio.sleep(math.exp(self.rng.uniform(*map(math.log, TOOL_SECONDS))))
+        return await super().call_tool(name, arguments)
+
+    async def score(self, messages):
+        tail = self.rng.random() < TAIL_SHARE
+        await asyncio.sleep(self.rng.uniform(*(TAIL_SECONDS if tail else SCORE_SECONDS)))
+        return await super().score(messages)
+
+
+class SlowShopExample(ShopExample):
+    def __init__(self, seed: int):
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def make_env(self, task):
+        return SlowShopEnv(task, random.Random(self.rng.random()))
+
+
+async def train_one(url: str, bound: int, seed: int, args: dict[str, Any], out: Path) -> dict[str, Any]:
+    name = f"async-s{bound}-seed{seed}"
+    cfg = LoopConfig(server=url, run=name, steps=args["steps"], groups_per_step=args["groups"],
+                     group_size=args["group_size"], eval_every=0, eval_tasks=8, seed=seed, out=out / name,
+                     progress=False, max_steps_off_policy=bound, train=TrainConfig(learning_rate=args["lr"]))
+    summary = await train_loop(cfg, example=SlowShopExample(seed))
+    start = summary["evals"][0]["wall_seconds"]  # after the opening evaluation: the same for every run
+    landed = {h["step"]: h["wall_seconds"] - start for h in summary["history"] if h.get("trained")}
+    trained = [h for h in summary["history"] if h.get("trained")]
+    staleness = [h["staleness_mean"] for h in trained if h.get("staleness_mean") is not None]
+    return {"S": bound, "seed": seed, "run": name, "landed": landed,
+            "train_seconds": max(landed.values()) if landed else None,
+            "staleness_mean": statistics.fmean(staleness) if staleness else None,
+            "staleness_max": max((h.get("staleness_max") or 0 for h in trained), default=None),
+            "groups_dropped_stale": sum(h.get("groups_dropped_stale", 0) for h in summary["history"])}
+
+
+async def held_out(url: str, run: dict[str, Any], every: int) -> dict[int, float]:
+    model = await TrainableModel(run["run"]).register(url)
+    last = max(run["landed"])
+    example = ShopExample()
+    tasks = example.eval_tasks()[:HELD_OUT]
+    return {step: await evaluate(model, example, tasks, progress=False, step=step)
+            for step in sorted({s for s in run["landed"] if s % every == 0} | {last})}
+
+
+def seconds_to(run: dict[str, Any], target: float) -> float | None:
+    reached = [s for s, r in run["held_out"].items() if r >= target]
+    return run["landed"][min(reached)] if reached else None
+
+
+def main(seeds: int = 3, steps: int = 12, groups: int = 16, group_size: int = 8, lr: float = 2e-3,
+         bounds: str = "0,1,2,4", eval_every: int = 2) -> None:
+    args = {"steps": steps, "groups": groups, "group_size": group_size, "lr": lr}
+    bound_list = [int(b) for b in bounds.split(",")]
+    if bound_list[0] != 0:
+        raise typer.BadParameter("--bounds must start with 0: the synchronous run is the baseline")
+    started = time.time()
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, LocalServer(Path(tmp) / "data") as server:
+        for seed in range(seeds):
+            for bound in bound_list:
+                run = asyncio.run(train_one(server.url, bound, seed, args, Path(tmp) / "out"))
+                print(f"seed {seed} S={bound}: {steps} steps in {run['train_seconds']:.0f}s, staleness mean "
+                      f"{run['staleness_mean']}, dropped {run['groups_dropped_stale']}", flush=True)
+                runs.append(run)
+        for run in runs:
+            run["held_out"] = asyncio.run(held_out(server.url, run, eval_every))
+            run["final_reward"] = run["held_out"][max(run["held_out"])]
+    for seed in range(seeds):
+        sync = next(r for r in runs if r["seed"] == seed and r["S"] == 0)
+        p = sync["final_reward"]
+        target = p - math.sqrt(max(p * (1 - p), 1e-9) / HELD_OUT)
+        base = seconds_to(sync, target)
+        for run in (r for r in runs if r["seed"] == seed):
+            run["target_reward"] = target
+            run["seconds_to_target"] = seconds_to(run, target)
+            run["ratio_to_sync"] = (run["seconds_to_target"] / base
+                                    if run["seconds_to_target"] is not None and base else None)
+    by_bound = {}
+    for bound in bound_list:
+        mine = [r for r in runs if r["S"] == bound]
+        ratios = [r["ratio_to_sync"] for r in mine if r["ratio_to_sync"] is not None]
+        by_bound[str(bound)] = {
+            "ratio_to_sync_median": statistics.median(ratios) if ratios else None,
+            "ratios": [r["ratio_to_sync"] for r in mine],
+            "reached_target": f"{len(ratios)}/{len(mine)}",
+            "final_reward_mean": statistics.fmean(r["final_reward"] for r in mine),
+            "final_rewards": [r["final_reward"] for r in mine],
+            "train_seconds_mean": statistics.fmean(r["train_seconds"] for r in mine),
+            "staleness_mean": statistics.fmean([r["staleness_mean"] for r in mine if r["staleness_mean"] is not None]
+                                               or [0.0]),
+            "groups_dropped_stale": sum(r["groups_dropped_stale"] for r in mine)}
+    for run in runs:
+        run["landed"] = {str(k): round(v, 2) for k, v in run["landed"].items()}
+        run["held_out"] = {str(k): v for k, v in run["held_out"].items()}
+    print(json.dumps({
+        "bench": "async", "workload": {"task": "demo (embedded model)", "tool_seconds": TOOL_SECONDS,
+                                       "score_seconds": SCORE_SECONDS, "tail_score_seconds": TAIL_SECONDS,
+                                       "tail_share": TAIL_SHARE},
+        "settings": {**args, "seeds": seeds, "held_out_tasks": HELD_OUT, "eval_every": eval_every},
+        "by_bound": by_bound, "runs": runs, "seconds_total": time.time() - started}))
+
+
+if __name__ == "__main__":
+    typer.run(main)
