@@ -11,6 +11,7 @@ checkpoints, which decide whether a step happened. Jobs can be cancelled, and ru
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import queue
 import threading
@@ -38,10 +39,15 @@ class KeyConflict(ValueError):
 
 
 def body_hash(request: RLJob | SFTJob) -> str:
-    # The body as sent: a default the server fills in (a trajectory's start_time is its clock) must
-    # not make a byte-identical retry look like another submission.
-    payload = request.model_dump_json(exclude={"idempotency_key"}, exclude_unset=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+    payload = request.model_dump(mode="json", exclude={"idempotency_key"})
+    if isinstance(request, RLJob):
+        # A trajectory sent without start_time got the server's clock as its default: that must not
+        # make a byte-identical retry (curl, other languages) look like another submission.
+        for group, sent in zip(request.groups, payload["groups"]):
+            for t, fields in zip(group.trajectories, sent["trajectories"]):
+                if "start_time" not in t.model_fields_set:
+                    fields.pop("start_time")
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
 @dataclass
