@@ -95,6 +95,7 @@ def create_app(settings: Settings) -> FastAPI:
         state.jobs.stop()
         if state.export_queue is not None:
             state.export_queue.close()
+        state.store.close()
 
     app = FastAPI(title="art-server", lifespan=lifespan)
     app.state.settings = settings
@@ -105,7 +106,11 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         alive = state.engine.alive  # a 503 tells a load balancer or supervisor to act
-        return JSONResponse({"status": "ok" if alive else "engine_down", "model": state.host.name, **state.engine.load},
+        # Damaged data found at start: the server serves what it can (200), and says what it lost.
+        problems = [*state.store.problems, *state.runs.problems,
+                    *(f"run {r.name}: {d}" for r in state.runs.all() for d in r.damaged)]
+        status = "engine_down" if not alive else "degraded" if problems else "ok"
+        return JSONResponse({"status": status, "model": state.host.name, **state.engine.load, "problems": problems},
                             status_code=200 if alive else 503)
 
     app.include_router(openai_routes.router)

@@ -4,17 +4,26 @@ Runs, steps with their metrics and warnings, every step attempt (trained or not:
 a run that does not learn), jobs and their events, and every trajectory trained or logged with
 token ids and logprobs. One connection guarded by a lock; writes are small
 transactions, so a crash loses at most the step in flight.
+
+A clean stop checkpoints the WAL into the main file (`close`), so the main file alone holds the
+data. A store found damaged at start (SQLite's quick_check fails, or the file is not a database)
+is moved aside and what can still be read is copied into a new one, row by row where whole
+tables cannot be read: the server serves what it can, and says so (`problems`, shown on /health).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable
+
+log = logging.getLogger("artisan.store")
 
 MIGRATIONS: list[str] = [
     # 1: the first schema
@@ -58,12 +67,38 @@ class Store:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self.problems: list[str] = []  # what was found wrong with the store, for /health and the log
         self._lock = threading.Lock()
-        self._db.create_function("artisan_strict_json", 1, _strict_json, deterministic=True)
+        why = _damage(self.path)
+        if why is not None:
+            self._salvage(why)
+        self._db = _connect(self.path)
         self._migrate()
+
+    def report(self, problem: str) -> None:
+        log.error("%s", problem)
+        self.problems.append(problem)
+
+    def close(self) -> None:
+        """Move the WAL's pages into the main file and close: after a clean stop the main file
+        holds everything, and a lost or damaged WAL loses nothing."""
+        with self._lock:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._db.close()
+
+    def _salvage(self, why: str) -> None:
+        aside = self.path.with_name(f"{self.path.name}.damaged-{int(time.time())}")
+        for suffix in ("", "-wal", "-shm"):
+            if Path(f"{self.path}{suffix}").exists():
+                os.rename(f"{self.path}{suffix}", f"{aside}{suffix}")
+        fresh = _connect(self.path)
+        self._db = fresh
+        self._migrate()
+        kept, lost = _copy_readable(aside, fresh)
+        self.report(f"the run store at {self.path} was damaged ({why}); it was moved to {aside.name} and what "
+                    f"could be read was copied into a new store ({kept} rows kept"
+                    + (f"; unreadable rows lost from {', '.join(lost)}" if lost else "") + ")")
+        fresh.close()
 
     def _migrate(self) -> None:
         with self._lock:
@@ -284,6 +319,70 @@ class Store:
     def events(self, job_id: str, after: int = -1) -> list[dict[str, Any]]:
         rows = self._rows("SELECT seq, type, data FROM job_events WHERE job_id = ? AND seq > ? ORDER BY seq", (job_id, after))
         return [{"seq": r["seq"], "type": r["type"], "data": json.loads(r["data"])} for r in rows]
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.create_function("artisan_strict_json", 1, _strict_json, deterministic=True)
+    return db
+
+
+def _damage(path: Path) -> str | None:
+    """What SQLite finds wrong with the store at `path`, or None (also when there is none yet)."""
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(path)
+        try:
+            found = [r[0] for r in db.execute("PRAGMA quick_check(5)").fetchall()]
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        return str(exc)
+    return None if found == ["ok"] else "; ".join(found)
+
+
+def _copy_readable(damaged: Path, into: sqlite3.Connection, chunk: int = 64) -> tuple[int, list[str]]:
+    """Copy each table's readable rows from a damaged store; where a whole table cannot be read,
+    go by rowid ranges and skip the ranges that fail. Returns (rows copied, tables that lost rows)."""
+    try:
+        into.execute("ATTACH DATABASE ? AS old", (str(damaged),))
+    except sqlite3.DatabaseError:
+        return 0, ["every table (the file is not a database)"]
+    kept, lost = 0, []
+    tables = [r[0] for r in into.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' "
+                                          "AND name NOT LIKE 'sqlite_%' AND name != 'schema_version'")]
+    for table in tables:
+        try:  # an older store may lack later columns: copy the ones both have
+            old_cols = {r[1] for r in into.execute(f"PRAGMA old.table_info({table})")}
+        except sqlite3.DatabaseError:
+            old_cols = set()
+        cols = ", ".join(r[1] for r in into.execute(f"PRAGMA main.table_info({table})") if r[1] in old_cols)
+        if not cols:
+            lost.append(table)
+            continue
+        copy = f"INSERT OR IGNORE INTO main.{table} ({cols}) SELECT {cols} FROM old.{table}"
+        try:
+            kept += into.execute(copy).rowcount
+            continue
+        except sqlite3.DatabaseError:
+            pass
+        try:
+            top = into.execute(f"SELECT MAX(rowid) FROM old.{table}").fetchone()[0] or 0
+        except sqlite3.DatabaseError:
+            top = 1 << 20
+        missing = False
+        for start in range(0, top + 1, chunk):
+            try:
+                kept += into.execute(f"{copy} WHERE rowid >= ? AND rowid < ?", (start, start + chunk)).rowcount
+            except sqlite3.DatabaseError:
+                missing = True
+        if missing:
+            lost.append(table)
+    into.execute("DETACH DATABASE old")
+    return kept, lost
 
 
 def _attempt_insert(run: str, step: int, kind: str, job_id: str | None, outcome: str, metrics: dict[str, Any],

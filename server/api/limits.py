@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from server.api.auth import key_problem
 from server.api.errors import APIError, error_response
 from server.settings import Settings
+from server.training.checkpoints import CheckpointDamaged
 
 log = logging.getLogger("artisan.api")
 # A \\uXXXX escape for a surrogate, not itself escaped (an even run of backslashes before it).
@@ -43,8 +44,9 @@ def lone_surrogate(body: bytes) -> bool:
 
 
 class GuardedRoute(APIRoute):
-    """Refuses a JSON body holding a lone surrogate (a 400) before the route parses it, and turns
-    an unexpected error into a plain 500 answered on a connection that stays usable."""
+    """Refuses a JSON body holding a lone surrogate (a 400) before the route parses it, answers a
+    damaged checkpoint with a 409 that names its step, and turns an unexpected error into a plain
+    500 answered on a connection that stays usable."""
 
     def get_route_handler(self) -> Callable:
         handler = super().get_route_handler()
@@ -57,6 +59,8 @@ class GuardedRoute(APIRoute):
                 return await handler(request)
             except (APIError, HTTPException, RequestValidationError, BodyTooLarge):
                 raise
+            except CheckpointDamaged as exc:  # the request is fine, the run's files are not: name the step
+                raise APIError(409, str(exc), code="checkpoint_damaged") from None
             except Exception:
                 log.exception("unhandled error on %s", request.url.path)
                 return error_response(500, "internal error; the server logged it", code="internal_error")

@@ -1,12 +1,19 @@
-"""Atomic checkpoints: adapter, optimizer state and step metadata.
+"""Atomic, checksummed checkpoints: adapter, optimizer state and step metadata.
 
-A checkpoint is written to a temporary directory and renamed into place, so after a kill -9 at
-any moment a step directory is either complete or absent. The newest complete step is the run's
-state; nothing else (no "latest" pointer file) can disagree with it.
+A checkpoint is written to a temporary directory, fsynced and renamed into place, so after a
+kill -9 at any moment a step directory is either complete or absent. The newest intact step is the
+run's state; nothing else (no "latest" pointer file) can disagree with it.
+
+Files can still be damaged at rest (a bad disk, an operator's mistake): meta.json records the
+SHA-256 of each weight file, and `damage` says what is wrong with a step before anything loads it.
+A damaged step is set aside under a name that keeps its number (`damaged-step_N-...`), so the
+number is never given to another step: clients may have sampled from it, exported it, or stored
+its figures.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -21,6 +28,12 @@ from safetensors.torch import load_file, save_file
 from server.faults import crash_point
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
+_USED_DIR = re.compile(r"^(?:damaged-)?step_(\d{6,})")  # a step's number, kept or set aside
+WEIGHT_FILES = ("adapter.safetensors", "optimizer.pt")
+
+
+class CheckpointDamaged(RuntimeError):
+    """A checkpoint's files are missing, unreadable or not what was written."""
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -40,12 +53,18 @@ def write(root: Path, step: int, adapter_state: dict[str, torch.Tensor], optimiz
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{step:06d}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    save_file({k: v.detach().contiguous().cpu() for k, v in adapter_state.items()}, str(tmp / "adapter.safetensors"))
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, default=str))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in adapter_state.items()}, str(tmp / "adapter.safetensors"))
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+        sums = {name: _sha256(tmp / name) for name in WEIGHT_FILES}
+        (tmp / "meta.json").write_text(json.dumps({"step": step, **meta, "sha256": sums}, default=str))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+    except BaseException:  # a full disk or an I/O error: nothing half-written stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     crash_point("checkpoint_written")
     final = step_dir(root, step)
     if final.exists():  # a step is written once; a leftover from a crashed rewrite is replaced
@@ -56,15 +75,57 @@ def write(root: Path, step: int, adapter_state: dict[str, torch.Tensor], optimiz
     return final
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def steps(root: Path) -> list[int]:
+    """Every step directory, intact or not (`damage` tells them apart)."""
     if not root.exists():
         return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and (p / "meta.json").exists():
-            found.append(int(m.group(1)))
-    return sorted(found)
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)))
+
+
+def highest_used(root: Path) -> int:
+    """The highest step number ever written here, set-aside damaged steps included."""
+    if not root.exists():
+        return 0
+    return max((int(m.group(1)) for p in root.iterdir() if (m := _USED_DIR.match(p.name))), default=0)
+
+
+def damage(root: Path, step: int) -> str | None:
+    """What is wrong with this step's checkpoint, or None when it is as written."""
+    try:
+        meta = read_meta(root, step)
+    except CheckpointDamaged as exc:
+        return str(exc)
+    path = step_dir(root, step)
+    for name in WEIGHT_FILES:
+        if not (path / name).is_file():
+            return f"{path / name} is missing"
+        expected = meta.get("sha256", {}).get(name)
+        if expected is not None and _sha256(path / name) != expected:  # checkpoints before checksums have none
+            return f"{path / name} is not the file that was written (its SHA-256 differs)"
+    return None
+
+
+def check(root: Path, step: int) -> None:
+    why = damage(root, step)
+    if why is not None:
+        raise CheckpointDamaged(f"step {step}'s checkpoint is damaged: {why}")
+
+
+def set_aside(root: Path, step: int, why: str) -> Path:
+    """Move a damaged step out of the run's steps, keeping its number taken and the reason beside it."""
+    aside = root / f"damaged-{step_dir(root, step).name}-{uuid.uuid4().hex[:8]}"
+    os.rename(step_dir(root, step), aside)
+    (aside / "DAMAGED.txt").write_text(why + "\n")
+    _fsync_dir(root)
+    return aside
 
 
 def clean_partial(root: Path) -> None:
@@ -75,7 +136,16 @@ def clean_partial(root: Path) -> None:
 
 
 def read_meta(root: Path, step: int) -> dict[str, Any]:
-    return json.loads((step_dir(root, step) / "meta.json").read_text())
+    path = step_dir(root, step) / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointDamaged(f"{path} is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointDamaged(f"{path} cannot be read ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("step") != step:
+        raise CheckpointDamaged(f"{path} is not this step's metadata")
+    return meta
 
 
 def read_adapter(root: Path, step: int) -> dict[str, torch.Tensor]:

@@ -97,21 +97,31 @@ class JobManager:
         step whose checkpoint exists is confirmed, one whose checkpoint does not is deleted, a job
         whose step reached its checkpoint is completed, every other unfinished job is interrupted."""
         done_by_job: dict[str, dict[str, Any]] = {}
+        lost: list[str] = []  # steps the checkpoints hold and the store does not: its WAL was lost or damaged
         for run in self.runs.all():
             written = checkpoints.steps(run.checkpoint_dir)
             self.store.settle_pending(run.name, set(written))
             stored = {s["step"] for s in self.store.steps(run.name)}
             for step in written:
-                meta = checkpoints.read_meta(run.checkpoint_dir, step)
+                try:
+                    meta = checkpoints.read_meta(run.checkpoint_dir, step)
+                except checkpoints.CheckpointDamaged as exc:  # an older step: the run goes on without it
+                    log.error("run %s: %s", run.name, exc)
+                    continue
                 if meta.get("kind") not in ("rl", "sft"):
                     continue
                 if step not in stored:
+                    lost.append(f"{run.name} step {step}")
                     self.store.put_step(run.name, step, meta["kind"], meta.get("metrics", {}), meta.get("warnings", []),
                                         [], job_id=meta.get("job_id"))
                 if meta.get("job_id"):
                     done_by_job[meta["job_id"]] = TrainResult(
                         step=step, trained=True, metrics=StepMetrics.model_validate(meta.get("metrics", {})),
                         warnings=meta.get("warnings", []), job_id=meta["job_id"]).model_dump(mode="json")
+        if lost:
+            self.store.report(f"the run store at {self.store.path} had lost {len(lost)} trained step(s) that the "
+                              f"checkpoints hold ({', '.join(lost[:5])}{', ...' if len(lost) > 5 else ''}): their "
+                              f"figures were restored from the checkpoints; their trajectories are gone")
         for status in ACTIVE:
             for rec in self.store.jobs(status):
                 job = self._from_record(rec)
@@ -204,7 +214,7 @@ class JobManager:
         deadline = time.monotonic() + self.time_limit
         stop = lambda: job.cancel.is_set() or time.monotonic() > deadline  # noqa: E731
         progress = lambda stage, data: self._event(job, "progress", {"stage": stage, **data})  # noqa: E731
-        attempt = Attempt(job.id, job.key, job.request, run.step + 1)
+        attempt = Attempt(job.id, job.key, job.request, run.next_step)
         try:
             crash_point("step_start")
             computed = steps.compute(run, job.request, steps.Hooks(progress, stop))

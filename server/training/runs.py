@@ -45,6 +45,13 @@ class Run:
     # Steps a client still samples from (a pipelined run's rollouts in flight): kept loaded past
     # SERVED_SNAPSHOTS until the client retains other steps (RunManager.retain).
     retained: set[int] = field(default_factory=set)
+    highest_used: int = 0  # numbers up to here are taken, by damaged steps set aside too
+    damaged: list[str] = field(default_factory=list)  # what was found damaged at start, for the run's status
+
+    @property
+    def next_step(self) -> int:
+        """The number the run's next trained step gets: never one a damaged step had."""
+        return max(self.step, self.highest_used) + 1
 
     @property
     def name(self) -> str:
@@ -56,7 +63,8 @@ class Run:
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "project": self.spec.project, "step": self.step,
-                "lora": self.spec.lora.model_dump(), "checkpoints": checkpoints.steps(self.checkpoint_dir)}
+                "lora": self.spec.lora.model_dump(), "checkpoints": checkpoints.steps(self.checkpoint_dir),
+                "damaged": self.damaged}
 
     def last_metrics(self, kind: str) -> StepMetrics | None:
         """The figures of the run's latest step, when it was a step of this kind."""
@@ -78,6 +86,7 @@ class RunManager:
         self.root.mkdir(parents=True, exist_ok=True)
         self._runs: dict[str, Run] = {}
         self._lock = threading.RLock()
+        self.problems: list[str] = []  # runs that could not be resumed, for /health
 
     def get(self, name: str) -> Run | None:
         return self._runs.get(name)
@@ -91,8 +100,9 @@ class RunManager:
         for meta in sorted(self.root.glob("*/run.json")):
             try:
                 self._open(RunSpec.model_validate_json(meta.read_text()), create=False)
-            except Exception:
+            except Exception as exc:  # one run's damaged files never stop the server or the other runs
                 log.exception("could not resume run %s", meta.parent.name)
+                self.problems.append(f"run {meta.parent.name} could not be resumed: {exc}")
 
     def get_or_create(self, spec: RunSpec) -> tuple[Run, bool]:
         with self._lock:
@@ -119,10 +129,24 @@ class RunManager:
         return LoraConfig(r=spec.lora.rank, lora_alpha=spec.lora.alpha, target_modules=targets,
                           lora_dropout=0.0, bias="none")
 
+    def _intact_steps(self, name: str, root: Path) -> tuple[list[int], list[str]]:
+        """The run's steps once damaged newest ones are set aside (the newest intact step is the
+        run's state), and what was wrong with each of those."""
+        done, found = checkpoints.steps(root), []
+        while done and (why := checkpoints.damage(root, done[-1])) is not None:
+            step = done.pop()
+            aside = checkpoints.set_aside(root, step, why)
+            found.append(f"step {step}'s checkpoint is damaged ({why}); it was moved to {aside.name} and the run "
+                         f"resumes from step {done[-1] if done else 'none'}; step numbers go on after {step}")
+            log.error("run %s: %s", name, found[-1])
+        return done, found
+
     def _open(self, spec: RunSpec, create: bool) -> Run:
         run_dir = self.root / spec.name
         checkpoints.clean_partial(run_dir / "checkpoints")
-        done = checkpoints.steps(run_dir / "checkpoints")
+        done, damaged = self._intact_steps(spec.name, run_dir / "checkpoints")
+        if not done and damaged:
+            raise checkpoints.CheckpointDamaged(f"run {spec.name}: no intact checkpoint is left: {damaged[-1]}")
         lora = self.lora_config(spec)
         adapter = adapter_name(spec.name, "train")
         with self.host.lock:
@@ -132,10 +156,16 @@ class RunManager:
             for p in params:
                 p.requires_grad_(True)
         optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0)
-        run = Run(spec, run_dir, 0, adapter, optimizer, params, self.host)
+        run = Run(spec, run_dir, 0, adapter, optimizer, params, self.host,
+                  highest_used=checkpoints.highest_used(run_dir / "checkpoints"), damaged=damaged)
         if done:
             run.step = done[-1]
-            self.load_checkpoint(run, run.step)
+            try:
+                self.load_checkpoint(run, run.step)
+            except Exception:
+                with self.host.lock:  # so that a later open of this run can add it again
+                    self.host.delete_adapter(adapter)
+                raise
         else:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "run.json").write_text(spec.model_dump_json(indent=2))
@@ -153,6 +183,7 @@ class RunManager:
         checkpoints.write(run.checkpoint_dir, step, state, run.optimizer.state_dict(), meta)
 
     def load_checkpoint(self, run: Run, step: int) -> None:
+        checkpoints.check(run.checkpoint_dir, step)
         state = checkpoints.read_adapter(run.checkpoint_dir, step)
         with self.host.lock:
             self.host.load_adapter_state(run.adapter, state)
@@ -165,7 +196,11 @@ class RunManager:
     def list_checkpoints(self, run: Run) -> list[dict[str, Any]]:
         out = []
         for step in checkpoints.steps(run.checkpoint_dir):
-            meta = checkpoints.read_meta(run.checkpoint_dir, step)
+            try:
+                meta = checkpoints.read_meta(run.checkpoint_dir, step)
+            except checkpoints.CheckpointDamaged as exc:
+                out.append({"step": step, "metrics": {}, "created": None, "damaged": str(exc)})
+                continue
             out.append({"step": step, "metrics": meta.get("metrics", {}), "created": meta.get("created")})
         return out
 
@@ -240,6 +275,9 @@ class RunManager:
         run = self._runs.get(name)
         if run is None or not step_text.isdigit() or int(step_text) not in checkpoints.steps(run.checkpoint_dir):
             return None
+        step = int(step_text)
         with self._lock:
-            return self.served.resolve(model) or self._serve_step(
-                run, int(step_text), checkpoints.read_adapter(run.checkpoint_dir, int(step_text)), latest=False)
+            if (policy := self.served.resolve(model)) is not None:
+                return policy
+            checkpoints.check(run.checkpoint_dir, step)  # a clear error naming the step, never a half-read adapter
+            return self._serve_step(run, step, checkpoints.read_adapter(run.checkpoint_dir, step), latest=False)

@@ -1,0 +1,174 @@
+"""Files damaged at rest never lose a step silently, never reuse a step's number, and never stop the
+server: each test damages a stopped server's data directory as a bad disk or an operator would,
+restarts a real server on it, and checks what it serves and what it says.
+
+Findings of a fault-injection pass (issue 25): a missing meta.json made the run resume one step
+back in silence and give the next step the old number, replacing its stored figures; a flipped
+weight byte went unnoticed until 500s; one unreadable meta.json stopped the server from starting;
+after a clean stop everything sat in the WAL, so losing it lost the trajectories without a word;
+a damaged page gave 500s on reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+
+import httpx
+import pytest
+
+from client import TrainConfig, TrainableModel
+from tests.test_training_service import _groups, _with_rewards
+
+CONFIG = TrainConfig(learning_rate=1e-3)
+RUN = "durable"
+
+
+def _checkpoint(data_dir, step: int):
+    return data_dir / "runs" / RUN / "checkpoints" / f"step_{step:06d}"
+
+
+def _health(url: str) -> dict:
+    r = httpx.get(url + "/health", timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _get(url: str, path: str) -> dict:
+    r = httpx.get(url + path, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def _train_steps(url: str, n: int, first_key: int = 0) -> list:
+    model = await TrainableModel(RUN).register(url)
+    groups = await _groups(model, 2, 3, seed=31)
+    out = []
+    for i in range(n):
+        rewarded = _with_rewards(groups, [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0 + 0.1 * i]])
+        out.append(await model.train(rewarded, CONFIG, idempotency_key=f"k{first_key + i}"))
+    return out
+
+
+@pytest.fixture
+def two_steps(fresh_server, tmp_path):
+    """A stopped server's data directory holding a run of two trained steps."""
+    data_dir = tmp_path / "data"
+    srv = fresh_server(data_dir=data_dir)
+    results = asyncio.run(_train_steps(srv.url, 2))
+    assert [r.step for r in results] == [1, 2] and all(r.trained for r in results)
+    steps = _get(srv.url, f"/v1/runs/{RUN}")["steps"]
+    srv.stop()
+    return data_dir, steps
+
+
+def _restart_and_go_on(fresh_server, data_dir, stored_before):
+    """The run must resume at step 1, say why, and train its next step as step 3: step 2's number
+    and its stored figures stay what they were."""
+    srv = fresh_server(data_dir=data_dir)
+    run = _get(srv.url, f"/v1/runs/{RUN}")
+    assert run["step"] == 1
+    assert len(run["damaged"]) == 1 and "step 2" in run["damaged"][0], run["damaged"]
+    health = _health(srv.url)
+    assert health["status"] == "degraded" and any("step 2" in p for p in health["problems"]), health
+    assert "step 2" in srv.log_path.read_text()
+    # what is served as the run is step 1's adapter, and it answers
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "model": RUN, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    [result] = asyncio.run(_train_steps(srv.url, 1, first_key=10))
+    assert result.trained and result.step == 3
+    after = {s["step"]: s for s in _get(srv.url, f"/v1/runs/{RUN}")["steps"]}
+    assert after[2]["metrics"] == stored_before[1]["metrics"]  # step 2's record was not replaced
+    assert sorted(after) == [1, 2, 3]
+    return srv
+
+
+def test_a_missing_meta_json_falls_back_says_so_and_never_reuses_the_number(fresh_server, two_steps):
+    data_dir, steps = two_steps
+    (_checkpoint(data_dir, 2) / "meta.json").unlink()
+    srv = _restart_and_go_on(fresh_server, data_dir, steps)
+    assert "meta.json is missing" in _get(srv.url, f"/v1/runs/{RUN}")["damaged"][0]
+
+
+def test_a_flipped_weight_byte_is_caught_by_its_checksum(fresh_server, two_steps):
+    data_dir, steps = two_steps
+    path = _checkpoint(data_dir, 2) / "adapter.safetensors"
+    data = bytearray(path.read_bytes())
+    data[len(data) - 100] ^= 0x01  # inside the tensors, past the header: the file still loads
+    path.write_bytes(bytes(data))
+    srv = _restart_and_go_on(fresh_server, data_dir, steps)
+    assert "SHA-256" in _get(srv.url, f"/v1/runs/{RUN}")["damaged"][0]
+
+
+def test_an_unreadable_older_checkpoint_neither_stops_the_server_nor_hides_the_run(fresh_server, two_steps):
+    data_dir, _ = two_steps
+    (_checkpoint(data_dir, 1) / "meta.json").write_text("{not json")
+    srv = fresh_server(data_dir=data_dir)
+    assert _get(srv.url, f"/v1/runs/{RUN}")["step"] == 2
+    listed = {c["step"]: c for c in _get(srv.url, f"/v1/runs/{RUN}/checkpoints")["data"]}
+    assert "damaged" in listed[1] and "damaged" not in listed[2]
+    # asking for the damaged step by name is a clear error that names it, not a 500
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "model": f"{RUN}@1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert r.status_code == 409 and "step 1" in r.json()["error"]["message"], r.text
+    ok = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "model": f"{RUN}@2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert ok.status_code == 200, ok.text
+
+
+def _trajectory_count(url: str) -> int:
+    return len(_get(url, f"/v1/runs/{RUN}/trajectories")["data"])
+
+
+def test_after_a_clean_stop_the_main_file_holds_everything(fresh_server, two_steps):
+    data_dir, _ = two_steps
+    wal = data_dir / "artisan.sqlite-wal"
+    assert not wal.exists() or wal.stat().st_size == 0
+    with sqlite3.connect(f"file:{data_dir / 'artisan.sqlite'}?mode=ro", uri=True) as db:  # the main file alone
+        assert db.execute("SELECT COUNT(*) FROM trajectories").fetchone()[0] == 12
+    wal.unlink(missing_ok=True)
+    srv = fresh_server(data_dir=data_dir)
+    assert _trajectory_count(srv.url) == 12
+    assert _health(srv.url)["status"] == "ok"
+
+
+def test_a_wal_lost_after_a_crash_is_reported_and_steps_come_back_from_checkpoints(fresh_server, tmp_path):
+    data_dir = tmp_path / "data"
+    srv = fresh_server(data_dir=data_dir)
+    asyncio.run(_train_steps(srv.url, 2))
+    srv.kill()  # no clean stop: the last writes are in the WAL only
+    (data_dir / "artisan.sqlite-wal").unlink()
+    srv = fresh_server(data_dir=data_dir)
+    health = _health(srv.url)
+    assert health["status"] == "degraded", health
+    assert any(str(data_dir / "artisan.sqlite") in p and "trajectories are gone" in p for p in health["problems"])
+    run = _get(srv.url, f"/v1/runs/{RUN}")
+    assert run["step"] == 2 and [s["step"] for s in run["steps"]] == [1, 2]
+    [result] = asyncio.run(_train_steps(srv.url, 1, first_key=10))
+    assert result.trained and result.step == 3
+
+
+def test_a_damaged_page_is_reported_with_the_path_and_the_rest_is_served(fresh_server, two_steps):
+    data_dir, _ = two_steps
+    path = data_dir / "artisan.sqlite"
+    with sqlite3.connect(path) as db:
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        # a leaf page of the trajectories table (the biggest): its rows are what is lost
+        pages = [r[0] for r in db.execute("SELECT pageno FROM dbstat WHERE name = 'trajectories' AND pagetype = 'leaf'")]
+    assert pages
+    with open(path, "r+b") as fh:
+        fh.seek((pages[0] - 1) * page_size)
+        fh.write(os.urandom(page_size))
+    srv = fresh_server(data_dir=data_dir)
+    health = _health(srv.url)
+    assert health["status"] == "degraded" and any(str(path) in p and "damaged" in p for p in health["problems"]), health
+    run = _get(srv.url, f"/v1/runs/{RUN}")
+    assert run["step"] == 2 and [s["step"] for s in run["steps"]] == [1, 2]  # the figures were on other pages
+    assert _trajectory_count(srv.url) < 12  # the damaged page's rows are gone, and said to be
+    for page in ("/ui/api/runs", f"/ui/api/runs/{RUN}/attempts"):
+        assert httpx.get(srv.url + page, timeout=30).status_code == 200
+    [result] = asyncio.run(_train_steps(srv.url, 1, first_key=10))
+    assert result.trained and result.step == 3
+    assert list(data_dir.glob("artisan.sqlite.damaged-*"))  # the damaged file is kept for the operator
