@@ -7,6 +7,9 @@ once), then follows the job's events, reconnecting where it left off if the conn
 from __future__ import annotations
 
 import json
+import os
+import sys
+import time
 import uuid
 from typing import Any, Iterable
 
@@ -19,14 +22,13 @@ from protocol.jobs import JobEvent, RLJob, ScoredSession, SessionGroup, SessionJ
 from protocol.retry import RetryPolicy
 from protocol.trajectory import Conversation, Trajectory, TrajectoryGroup
 
-# Every mutating call here is idempotent (run creation by name, job submission by key), so a
-# request may be retried whatever it is.
-REQUEST_RETRY = RetryPolicy(attempts=6, initial_wait=0.5, max_wait=8.0)
 # The first contact only: a server that refuses connections there is most likely not started, and
 # saying so in two seconds beats retrying for half a minute.
 FIRST_CONTACT_RETRY = RetryPolicy(attempts=3, initial_wait=0.5, max_wait=1.0)
-# Following a job outlives a server restart: reconnect for as long as a restart can take.
-FOLLOW_RETRY = RetryPolicy(attempts=60, initial_wait=0.5, max_wait=8.0)
+# After that, every call (each is idempotent: run creation by name, job submission by key) waits out
+# a server restart, which takes 20-140 s (model load, runs resumed); 5 minutes leaves room.
+DEFAULT_RETRY_SECONDS = 300.0
+SAY_WAITING_EVERY = 30.0  # seconds between "waiting for the server" lines during one outage
 
 
 def raise_for_status(resp: httpx.Response) -> None:
@@ -52,12 +54,19 @@ def check_server_url(url: str, name: str = "server URL") -> str:
 
 class TrainableModel:
     def __init__(self, name: str, project: str = "default", base_model: str | None = None,
-                 lora: dict[str, Any] | LoraSettings | None = None):
+                 lora: dict[str, Any] | LoraSettings | None = None, retry_seconds: float | None = None):
+        """`retry_seconds`: how long a call keeps retrying an unreachable or failing server
+        (default ARTISAN_RETRY_SECONDS, else 300), saying on stderr that it is waiting."""
         self.spec = RunSpec(name=name, project=project, base_model=base_model,
                             lora=LoraSettings.model_validate(lora or {}))
         self.server_url: str | None = None
         self.api_key: str | None = None
         self.step = 0
+        seconds = retry_seconds if retry_seconds is not None else float(
+            os.environ.get("ARTISAN_RETRY_SECONDS", DEFAULT_RETRY_SECONDS))
+        self.retry = RetryPolicy(attempts=None, initial_wait=0.5, max_wait=8.0, seconds=seconds,
+                                 on_retry=self._say_waiting)
+        self._said_waiting = float("-inf")
 
     @property
     def name(self) -> str:
@@ -74,7 +83,17 @@ class TrainableModel:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         return httpx.AsyncClient(base_url=self.server_url, headers=headers, timeout=timeout)
 
-    async def request(self, method: str, path: str, retry: RetryPolicy = REQUEST_RETRY, **kw: Any) -> Any:
+    def _say_waiting(self, failure: BaseException, seconds_left: float | None) -> None:
+        now = time.monotonic()
+        if now - self._said_waiting < SAY_WAITING_EVERY:
+            return
+        self._said_waiting = now
+        why = f"{type(failure).__name__}: {failure}".strip().splitlines()[0][:200]
+        left = f"for up to {seconds_left:.0f} s more" if seconds_left is not None else "without end"
+        print(f"artisan: waiting for the server at {self.server_url} ({why}); retrying {left} "
+              f"(ARTISAN_RETRY_SECONDS sets how long)", file=sys.stderr, flush=True)
+
+    async def request(self, method: str, path: str, retry: RetryPolicy | None = None, **kw: Any) -> Any:
         """A request, retried on connection errors and 5xx; a 4xx raises ServerError at once, and
         no connection after the retries ServerUnreachable."""
         async def once() -> Any:
@@ -84,7 +103,7 @@ class TrainableModel:
             return resp.json()
 
         try:
-            return await retry.call(once)
+            return await (retry or self.retry).call(once)
         except httpx.TransportError as exc:
             raise ServerUnreachable(str(self.server_url), exc) from exc
 
@@ -197,7 +216,7 @@ class TrainableModel:
 
         while True:
             try:
-                event = await FOLLOW_RETRY.call(stream)
+                event = await self.retry.call(stream)
             except httpx.TransportError as exc:
                 raise ServerUnreachable(str(self.server_url), exc) from exc
             if event is not None:

@@ -60,6 +60,9 @@ class LoopConfig(BaseModel):
     # Steps a group's sampler may be behind the weights that train it (client/pipeline.py); 0 is
     # synchronous: no sampling while a step trains.
     max_steps_off_policy: int = Field(default=0, ge=0, le=64)
+    # How long each call waits out an unreachable server (a restart) before the run gives up; None:
+    # ARTISAN_RETRY_SECONDS, else 300 (client/model.py).
+    retry_seconds: float | None = Field(default=None, ge=0)
     seed: int = 0
     out: Path = Path("out/train")
     reward: Literal["env", "ruler"] = "env"
@@ -207,7 +210,8 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
         from rewards.ruler import ruler_hook
 
         hook = ruler_hook(cfg.judge)
-    model = await TrainableModel(cfg.run, project=cfg.project).register(cfg.server, cfg.api_key)
+    model = await TrainableModel(cfg.run, project=cfg.project, retry_seconds=cfg.retry_seconds).register(
+        cfg.server, cfg.api_key)
     cfg.out.mkdir(parents=True, exist_ok=True)
     held_out, train_tasks = example.eval_tasks()[: cfg.eval_tasks], example.train_tasks(cfg.seed)
     rng, drawn = random.Random(cfg.seed), []
@@ -294,6 +298,9 @@ def main(
     max_steps_off_policy: int = typer.Option(0, help="Keep sampling while a step trains, from the newest step, "
                                                      "with no group trained more than this many steps stale "
                                                      "(0: synchronous)."),
+    retry_seconds: float = typer.Option(None, envvar="ARTISAN_RETRY_SECONDS",
+                                        help="How long a call waits out an unreachable server (a restart) before "
+                                             "the run gives up [default: 300]."),
     debug: bool = typer.Option(False, "--debug", envvar="ARTISAN_DEBUG",
                                help="Show the full traceback of an error (also ARTISAN_DEBUG=1)."),
 ) -> None:
@@ -301,7 +308,8 @@ def main(
         cfg = loop_config(server=server, api_key=api_key, run=run, project=project, example=example, steps=steps,
                           groups_per_step=groups_per_step, group_size=group_size, eval_every=eval_every,
                           eval_tasks=eval_tasks, seed=seed, out=out, reward=reward, judge=judge, progress=progress,
-                          patience=patience, max_steps_off_policy=max_steps_off_policy, train={"learning_rate": learning_rate, "loss": loss,
+                          patience=patience, max_steps_off_policy=max_steps_off_policy,
+                          retry_seconds=retry_seconds, train={"learning_rate": learning_rate, "loss": loss,
                                                     "num_minibatches": num_minibatches, "epochs": epochs},
                           rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens,
                                              "temperature": temperature})

@@ -15,7 +15,8 @@ from typing import Awaitable, Callable, TypeVar
 
 import httpx
 import openai
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay,
+                      stop_never, wait_exponential_jitter)
 
 T = TypeVar("T")
 Transient = Callable[[BaseException], bool]
@@ -37,18 +38,29 @@ def is_transient(exc: BaseException) -> bool:
 
 @dataclass
 class RetryPolicy:
-    attempts: int = 5
+    attempts: int | None = 5  # None: as many as `seconds` allows
     initial_wait: float = 0.5
     max_wait: float = 8.0
     transient: Transient = field(default=is_transient)
+    seconds: float | None = None  # give up once this long has passed since the first try
+    # Called before each wait with (the failure, the seconds left or None): how a caller says it is waiting.
+    on_retry: Callable[[BaseException, float | None], None] | None = None
 
     def retrying(self) -> AsyncRetrying:
+        stop = stop_after_attempt(self.attempts) if self.attempts is not None else stop_never
+        if self.seconds is not None:
+            stop = stop | stop_after_delay(self.seconds)
         return AsyncRetrying(
             retry=retry_if_exception(self.transient),
-            stop=stop_after_attempt(self.attempts),
+            stop=stop,
             wait=wait_exponential_jitter(initial=self.initial_wait, max=self.max_wait, jitter=self.initial_wait),
+            before_sleep=self._before_sleep if self.on_retry is not None else None,
             reraise=True,
         )
+
+    def _before_sleep(self, state: RetryCallState) -> None:
+        left = None if self.seconds is None else max(0.0, self.seconds - state.seconds_since_start)
+        self.on_retry(state.outcome.exception(), left)
 
     async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
         async for attempt in self.retrying():

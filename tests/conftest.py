@@ -28,8 +28,8 @@ class ServerProcess(LocalServer):
     """`art-server` in a subprocess, as a user runs it (on the CPU)."""
 
     def __init__(self, data_dir: Path, model: Path | None = None, api_key: str | None = None,
-                 extra: list[str] | None = None, env: dict[str, str] | None = None):
-        super().__init__(data_dir, model, api_key, ["--device", "cpu", *(extra or [])], env=env)
+                 extra: list[str] | None = None, env: dict[str, str] | None = None, port: int | None = None):
+        super().__init__(data_dir, model, api_key, ["--device", "cpu", *(extra or [])], env=env, port=port)
 
 
 @pytest.fixture(scope="session")
