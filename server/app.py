@@ -107,7 +107,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def health() -> JSONResponse:
         alive = state.engine.alive  # a 503 tells a load balancer or supervisor to act
         # Damaged data found at start: the server serves what it can (200), and says what it lost.
-        problems = [*state.store.problems, *state.runs.problems,
+        problems = [*state.store.problems, *state.runs.problems, *([state.jobs.fault] if state.jobs.fault else []),
                     *(f"run {r.name}: {d}" for r in state.runs.all() for d in r.damaged)]
         status = "engine_down" if not alive else "degraded" if problems else "ok"
         return JSONResponse({"status": status, "model": state.host.name, **state.engine.load, "problems": problems},

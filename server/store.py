@@ -13,6 +13,7 @@ tables cannot be read: the server serves what it can, and says so (`problems`, s
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -319,6 +320,17 @@ class Store:
     def events(self, job_id: str, after: int = -1) -> list[dict[str, Any]]:
         rows = self._rows("SELECT seq, type, data FROM job_events WHERE job_id = ? AND seq > ? ORDER BY seq", (job_id, after))
         return [{"seq": r["seq"], "type": r["type"], "data": json.loads(r["data"])} for r in rows]
+
+
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+
+
+def storage_failure(exc: BaseException) -> bool:
+    """A full, read-only or failing disk under the data directory (SQLite says "database or disk is
+    full" or "disk I/O error"; safetensors raises its own error, with the OS's words in it)."""
+    if isinstance(exc, sqlite3.OperationalError) or (isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS):
+        return True
+    return any(os.strerror(code) in str(exc) for code in STORAGE_ERRNOS)
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -6,19 +6,23 @@ Findings of a fault-injection pass (issue 25): a missing meta.json made the run 
 back in silence and give the next step the old number, replacing its stored figures; a flipped
 weight byte went unnoticed until 500s; one unreadable meta.json stopped the server from starting;
 after a clean stop everything sat in the WAL, so losing it lost the trajectories without a word;
-a damaged page gave 500s on reads.
+a damaged page gave 500s on reads; a full disk killed the trainer thread, left every later job
+queued forever, and answered submissions with a bare 500.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sqlite3
+import subprocess
 
 import httpx
 import pytest
 
-from client import TrainConfig, TrainableModel
+from client import ServerError, TrainConfig, TrainableModel
+from conftest import ServerProcess
 from tests.test_training_service import _groups, _with_rewards
 
 CONFIG = TrainConfig(learning_rate=1e-3)
@@ -172,3 +176,81 @@ def test_a_damaged_page_is_reported_with_the_path_and_the_rest_is_served(fresh_s
     [result] = asyncio.run(_train_steps(srv.url, 1, first_key=10))
     assert result.trained and result.step == 3
     assert list(data_dir.glob("artisan.sqlite.damaged-*"))  # the damaged file is kept for the operator
+
+
+# ---- a full disk fails one job, keeps the trainer, and says so -------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 48 MB tmpfs: a filesystem that really fills (root may mount one; elsewhere the test skips)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(disk, leave: int) -> None:
+    """Fill the filesystem but `leave` bytes."""
+    free = shutil.disk_usage(disk).free
+    with open(disk / "filler", "wb") as fh:
+        fh.write(b"\0" * max(0, free - leave))
+
+
+def test_a_full_disk_fails_that_job_keeps_the_trainer_and_shows_on_health(small_disk, tmp_path):
+    srv = ServerProcess(small_disk / "data")
+    srv.log_path = tmp_path / "server.log"  # the log must not need the full disk
+    srv.start()
+    try:
+        async def go():
+            model = await TrainableModel(RUN).register(srv.url)
+            other = await TrainableModel("other-run").register(srv.url)
+            groups = _with_rewards(await _groups(model, 2, 3, seed=31), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
+            _fill(small_disk, leave=256 * 1024)  # room for the job's records, not for its 1.8 MB checkpoint
+            try:
+                await model.train(groups, CONFIG, idempotency_key="full")
+            except ServerError as exc:
+                failure = str(exc)
+            else:
+                raise AssertionError("a step trained on a full disk")
+            assert "No space left" in failure or "disk is full" in failure, failure
+            health = _health(srv.url)
+            assert health["status"] == "degraded" and health["problems"], health
+            assert await model.get_step() == 0
+            (small_disk / "filler").unlink()
+            # the trainer is alive: both runs train once space is back, the failed run from where it was
+            assert (await model.train(groups, CONFIG, idempotency_key="after")).step == 1
+            assert (await other.train(groups, CONFIG, idempotency_key="other")).step == 1
+            assert _health(srv.url)["status"] == "ok"
+
+        asyncio.run(go())
+    finally:
+        srv.stop()
+
+
+def test_a_submission_to_a_full_disk_is_a_503_and_is_not_kept(small_disk, tmp_path):
+    srv = ServerProcess(small_disk / "data")
+    srv.log_path = tmp_path / "server.log"
+    srv.start()
+    try:
+        groups = asyncio.run(_sampled(srv.url))
+        body = {"kind": "rl", "groups": [g.model_dump(mode="json") for g in groups],
+                "config": {"learning_rate": 1e-3}, "idempotency_key": "k"}
+        _fill(small_disk, leave=0)
+        r = httpx.post(srv.url + f"/v1/runs/{RUN}/jobs", json=body, timeout=60)
+        assert r.status_code == 503 and "could not write" in r.json()["error"]["message"], r.text
+        (small_disk / "filler").unlink()
+        again = httpx.post(srv.url + f"/v1/runs/{RUN}/jobs", json=body, timeout=60)  # the same key, now accepted
+        assert again.status_code == 202, again.text
+        model = TrainableModel(RUN)
+        asyncio.run(model.register(srv.url))
+        result = asyncio.run(model._follow(again.json()["job_id"]))
+        assert result.type == "result" and result.data["step"] == 1, result
+    finally:
+        srv.stop()
+
+
+async def _sampled(url: str):
+    model = await TrainableModel(RUN).register(url)
+    return _with_rewards(await _groups(model, 2, 3, seed=31), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from server.api.auth import key_problem
 from server.api.errors import APIError, error_response
 from server.settings import Settings
+from server.store import storage_failure
 from server.training.checkpoints import CheckpointDamaged
 
 log = logging.getLogger("artisan.api")
@@ -45,8 +46,8 @@ def lone_surrogate(body: bytes) -> bool:
 
 class GuardedRoute(APIRoute):
     """Refuses a JSON body holding a lone surrogate (a 400) before the route parses it, answers a
-    damaged checkpoint with a 409 that names its step, and turns an unexpected error into a plain
-    500 answered on a connection that stays usable."""
+    damaged checkpoint with a 409 that names its step and a full or failing disk with a 503, and
+    turns an unexpected error into a plain 500 answered on a connection that stays usable."""
 
     def get_route_handler(self) -> Callable:
         handler = super().get_route_handler()
@@ -61,7 +62,11 @@ class GuardedRoute(APIRoute):
                 raise
             except CheckpointDamaged as exc:  # the request is fine, the run's files are not: name the step
                 raise APIError(409, str(exc), code="checkpoint_damaged") from None
-            except Exception:
+            except Exception as exc:
+                if storage_failure(exc):  # nothing was accepted; the same request can be sent again later
+                    raise APIError(503, f"the server could not write to its data directory ({exc}); nothing "
+                                        f"was accepted: retry once space is freed", code="storage_unavailable",
+                                   headers={"Retry-After": "10"}) from None
                 log.exception("unhandled error on %s", request.url.path)
                 return error_response(500, "internal error; the server logged it", code="internal_error")
 

@@ -95,10 +95,10 @@ def roll_back(to: CommitTargets, run: Run, attempt: Attempt, outcome: str, why: 
     """An attempt that failed or was stopped: the store settled against the checkpoints (a step
     whose checkpoint was written happened), the attempt kept with `why`, and the run's weights
     and optimizer state back at its latest checkpoint."""
+    to.runs.restore(run)  # first: a store that cannot be written (a full disk) must not leave trained weights
     if attempt.stored:
         to.store.settle_pending(run.name, set(checkpoints.steps(run.checkpoint_dir)), outcome, why)
     else:
         warnings = [*step_warnings(metrics), why] if metrics is not None else [why]
         to.store.put_attempt(run.name, attempt.step, attempt.kind, attempt.job_id, outcome,
                              metrics.model_dump(mode="json") if metrics is not None else {}, warnings)
-    to.runs.restore(run)

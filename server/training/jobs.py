@@ -20,11 +20,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.jobs import RLJob, SFTJob, TrainResult
+from protocol.jobs import TERMINAL_EVENTS, RLJob, SFTJob, TrainResult
 from protocol.metrics import StepMetrics
 from server.export_queue import ExportQueue
 from server.faults import crash_point
-from server.store import Store
+from server.store import Store, storage_failure
 from server.training import checkpoints, steps
 from server.training.commit import Attempt, CommitTargets, commit_step, roll_back
 from server.training.optimize import Cancelled
@@ -80,6 +80,10 @@ class JobManager:
         self.time_limit = time_limit
         self._queue: "queue.Queue[Job | None]" = queue.Queue()
         self._active: dict[str, Job] = {}
+        # Jobs whose end the store could not take (a full disk): their record and terminal event,
+        # served from here so that no client follows a job that never ends.
+        self._unstored: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        self.fault: str | None = None  # the last write failure, until a job ends well again (/health)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._work, name="artisan-trainer", daemon=True)
 
@@ -157,10 +161,12 @@ class JobManager:
             job = Job(known.id if known else "job-" + uuid.uuid4().hex[:16], run.name, request.kind, key, digest,
                       request=request)
             job.n_events = job.attempt_from = known.n_events if known else 0
+            self.store.put_job(job.record())  # first: a store that cannot take it (a full disk) leaves no trace
             self._active[job.id] = job
-            self.store.put_job(job.record())
-        self._event(job, "queued", {"position": self._queue.qsize()})
-        self._queue.put(job)
+        try:
+            self._event(job, "queued", {"position": self._queue.qsize()})
+        finally:
+            self._queue.put(job)  # a job recorded as queued always runs, even if its event could not be stored
         return job, True
 
     def get(self, job_id: str) -> dict[str, Any] | None:
@@ -168,10 +174,16 @@ class JobManager:
             job = self._active.get(job_id)
             if job is not None:
                 return job.record()
+            if job_id in self._unstored:
+                return self._unstored[job_id][0]
         return self.store.job(job_id)
 
     def events(self, job_id: str, after: int = -1) -> list[dict[str, Any]]:
-        return self.store.events(job_id, after)
+        events = self.store.events(job_id, after)
+        unstored = self._unstored.get(job_id)
+        if unstored is not None and unstored[1]["seq"] > after and not any(e["type"] in TERMINAL_EVENTS for e in events):
+            events.append(unstored[1])
+        return events
 
     def cancel(self, job_id: str) -> dict[str, Any] | None:
         """Stop a queued job before it starts, or a running one at its next micro-batch."""
@@ -196,9 +208,9 @@ class JobManager:
                 return
             try:
                 self._run(job)
-            except Exception as exc:  # a roll-back that failed too: this job ends, the worker goes on
-                log.exception("job %s could not be rolled back", job.id)
-                self._end(job, "failed", f"{type(exc).__name__}: {exc}", "error")
+            except Exception as exc:  # a roll-back or a store write failed too: this job ends, the worker goes on
+                log.exception("job %s could not end cleanly", job.id)
+                self._end_unstored(job, f"{type(exc).__name__}: {exc}")
             finally:
                 job.request = None
                 with self._lock:
@@ -236,13 +248,30 @@ class JobManager:
         except Exception as exc:
             log.exception("job %s failed", job.id)
             why = f"{type(exc).__name__}: {exc}"
+            if storage_failure(exc):
+                self.fault = f"job {job.id} of run {job.run} could not write to the data directory: {why}"
             roll_back(self.targets, run, attempt, "failed", why)
             return self._end(job, "failed", why, "error")
         job.status, job.result = "succeeded", result.model_dump(mode="json")
         self.store.put_job(job.record())
         self._event(job, "result", job.result)
+        self.fault = None
 
     def _end(self, job: Job, status: str, message: str, event: str) -> None:
         job.status, job.error = status, message
         self.store.put_job(job.record())
         self._event(job, event, {"message": message})
+
+    def _end_unstored(self, job: Job, why: str) -> None:
+        """A job whose failure the store could not take either: failed in memory, said on /health."""
+        job.status, job.error = "failed", why
+        self.fault = f"job {job.id} of run {job.run} failed and could not be recorded: {why}"
+        event = {"seq": job.n_events, "type": "error", "data": {"message": why}}
+        with self._lock:
+            self._unstored[job.id] = (job.record(), event)
+        try:
+            self._end(job, "failed", why, "error")
+            with self._lock:
+                self._unstored.pop(job.id, None)
+        except Exception:
+            log.exception("job %s: its failure could not be stored either; it is kept in memory", job.id)
