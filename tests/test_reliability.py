@@ -8,6 +8,7 @@ uses, bodies that are too big or not text, keys reused, a run whose weights are 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import http.client
 import json
 import math
@@ -315,7 +316,12 @@ def test_a_poisoned_adapter_fails_alone_in_a_shared_batch(tmp_path, groups):
     with ServerProcess(data) as srv:
         asyncio.run(_make_runs(srv.url, groups))
     ckpt = data / "runs" / "poisoned" / "checkpoints" / "step_000001" / "adapter.safetensors"
-    save_file({k: v * math.inf for k, v in load_file(str(ckpt)).items()}, str(ckpt))  # a corrupted checkpoint
+    # weights that went non-finite before the save: the checksum matches, so only serving can tell
+    save_file({k: v * math.inf for k, v in load_file(str(ckpt)).items()}, str(ckpt))
+    meta_path = ckpt.parent / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["sha256"]["adapter.safetensors"] = hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    meta_path.write_text(json.dumps(meta))
     with ServerProcess(data) as srv:
         async def burst():
             async with httpx.AsyncClient(base_url=srv.url, timeout=120) as http:
