@@ -40,6 +40,7 @@ from typing import Any, AsyncIterator, Iterable
 
 import art
 
+from client import art_exchanges
 from client.model import ServerError, TrainableModel
 from protocol.config import SFTConfig, TrainConfig
 from protocol.trajectory import Conversation, TrajectoryGroup
@@ -92,8 +93,22 @@ def _groups(groups: Iterable[Any]) -> list[TrajectoryGroup]:
         dumped = g.model_dump(mode="json")
         dumped["exceptions"] = [e if isinstance(e, str) else f"{e.get('type')}: {e.get('message')}"
                                 for e in dumped.get("exceptions") or []]
+        dumped["trajectories"] = [_trajectory(t, d) for t, d in zip(g.trajectories, dumped["trajectories"])]
         out.append(TrajectoryGroup.model_validate(dumped))
     return out
+
+
+def _trajectory(trajectory: Any, dumped: dict[str, Any]) -> dict[str, Any]:
+    """ART 0.5.23 captures a rollout's HTTP exchanges instead of its messages and choices (and its
+    JSON dump leaves them out); their conversations are the trajectory's histories."""
+    exchanges = getattr(trajectory, "exchanges", None)
+    if not exchanges:
+        return dumped
+    if exchanges.completions:
+        raise UnsupportedArgument("trajectory.exchanges.completions: raw Completions exchanges have no chat "
+                                  "conversation to train; use Chat Completions, Responses or Messages")
+    main, *more = art_exchanges.histories(exchanges.model_dump(mode="json"))
+    return {**dumped, **main, "additional_histories": more}
 
 
 def _no_local_backend_without_torch() -> None:
