@@ -14,7 +14,9 @@ messages and turn as its start) extends that history, the earlier turn staying a
 two-turn rollout is one sequence with both turns trained; any other starts a history of its own
 (ART's `additional_histories`, artisan's History). A Responses request that names an earlier
 response of the same trajectory with `previous_response_id` continues that response's
-conversation, as the server does.
+conversation, as the server does (one the trajectory did not capture leaves the conversation
+without its start: the turn's prompt then differs from the one sampled, and training counts it as
+a prompt mismatch rather than training on it).
 
 What ART's capture could not keep, the server recovers: a streamed Messages turn arrives without
 its sampling record (ART keeps only the fields it knows from `message_delta`), and training then
