@@ -15,6 +15,10 @@ keyword arguments and gives them ART's meaning: its loss names and their epsilon
 art-server cannot reproduce raises with its name when given a non-default value; never ignored.
 An omitted learning rate gets the server's default for the model, not ART's 5e-6.
 
+Trajectories ART 0.5.23 captured (`art.trajectory(...)`, `with art.Trajectory()`: the HTTP
+exchanges of the `openai` and `anthropic` SDKs, Chat Completions, Responses and Messages) train
+like appended Choices: client/art_exchanges.py rebuilds their conversations.
+
 ART's PipelineTrainer (`art.pipeline_trainer`, asynchronous training) runs on this backend
 unchanged. Of the optional hooks it looks for, this backend has the ones art-server can honour:
 `adapter_lease` and `exact_adapter_lease` pin the step a rollout samples from (inside the lease,
@@ -40,6 +44,7 @@ from typing import Any, AsyncIterator, Iterable
 
 import art
 
+from client import art_exchanges
 from client.model import ServerError, TrainableModel
 from protocol.config import SFTConfig, TrainConfig
 from protocol.trajectory import Conversation, TrajectoryGroup
@@ -92,8 +97,25 @@ def _groups(groups: Iterable[Any]) -> list[TrajectoryGroup]:
         dumped = g.model_dump(mode="json")
         dumped["exceptions"] = [e if isinstance(e, str) else f"{e.get('type')}: {e.get('message')}"
                                 for e in dumped.get("exceptions") or []]
+        dumped["trajectories"] = [_trajectory(t, d) for t, d in zip(g.trajectories, dumped["trajectories"])]
         out.append(TrajectoryGroup.model_validate(dumped))
     return out
+
+
+def _trajectory(trajectory: Any, dumped: dict[str, Any]) -> dict[str, Any]:
+    """ART 0.5.23 captures a rollout's HTTP exchanges instead of its messages and choices; their
+    conversations are the trajectory's histories (client/art_exchanges.py)."""
+    exchanges = getattr(trajectory, "exchanges", None)
+    if not exchanges:
+        return dumped
+    if exchanges.completions:
+        raise UnsupportedArgument("trajectory.exchanges.completions: raw Completions exchanges have no chat "
+                                  "conversation to train; use Chat Completions, Responses or Messages")
+    found = art_exchanges.histories(exchanges.model_dump(mode="json"))
+    if not found:  # only answers without a choice
+        return dumped
+    main, *more = found
+    return {**dumped, **main, "additional_histories": more}
 
 
 def _no_local_backend_without_torch() -> None:

@@ -3,8 +3,9 @@
 Blocks become chat messages (server/api/translate.py), the one path samples them
 (server/api/completions.py), and the choice comes back as content blocks (thinking where the
 parser found reasoning, text, tool_use) with Anthropic's stop reasons. Beside Anthropic's fields
-the message carries `prompt_token_ids`, `token_ids`, `logprobs` and `sampling`, as a chat choice
-does; a stream sends Anthropic's events, with those in `message_start` and `message_delta`.
+the message carries `prompt_token_ids`, `token_ids`, `logprobs` (one number per token id) and
+`sampling`, as a chat choice does; a stream sends Anthropic's events, with those in
+`message_start` and `message_delta`.
 
 Anthropic's clients authenticate with `x-api-key` (server/api/auth.py takes it), and expect
 `{"type": "error", ...}` bodies, which server/api/errors.py gives on these paths. Under
@@ -81,7 +82,10 @@ def _stop(state: ServerState, c: Completion, choice: dict[str, Any]) -> dict[str
 
 
 def _training_fields(choice: dict[str, Any]) -> dict[str, Any]:
-    out = {"token_ids": choice["token_ids"], "logprobs": choice["logprobs"], "sampling": choice["sampling"]}
+    # One logprob per token id, a plain list: what ART 0.5.23 reads from a Messages answer (its
+    # stream capture drops an exchange whose `logprobs` is anything else).
+    out = {"token_ids": choice["token_ids"], "logprobs": [t["logprob"] for t in choice["logprobs"]["content"]],
+           "sampling": choice["sampling"]}
     if choice.get("malformed_tool_call"):
         out["malformed_tool_call"] = True
     return out

@@ -104,7 +104,9 @@ class _Response:
         }
         if choice is not None:
             prompt_tokens, completion_tokens = completions.usage(self.c)
-            body["usage"] = {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+            # every field the `openai` SDK's ResponseUsage requires: ART 0.5.23 validates it strictly
+            body["usage"] = {"input_tokens": prompt_tokens,
+                             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                              "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                              "total_tokens": prompt_tokens + completion_tokens}
             body.update(token_ids=choice["token_ids"], logprobs=choice["logprobs"], sampling=choice["sampling"])
