@@ -104,7 +104,7 @@ class ValueTable:
                 "value_prompts_without_value": sum(not e.usable for e in ests),
                 "value_prompts_unsolved": sum(e.usable and not solved(list(e.rewards)) for e in ests),
                 "value_draws_skipped_unsolved": self.skipped_unsolved,
-                "value_mean": sum(values) / len(values) if values else None}
+                "value_estimated_mean": sum(values) / len(values) if values else None}
 
 
 class NothingToRegress(RunCannotLearn):

@@ -324,41 +324,47 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
                         max_steps_off_policy=cfg.max_steps_off_policy, journal=Journal(cfg.out / "pending"),
                         retain=model.retain_adapters)
     # A step with nothing to train does not advance the run: patience ends a streak of those.
-    async with contextlib.aclosing(pipeline.steps(cfg.steps)) as outcomes:
-        async for outcome in outcomes:
-            level = example.level
-            if outcome.error is not None:  # an outage may pass: counted as an attempt, not fatal at once
-                attempt = failed_rollouts_record(model.step, outcome.error)
-                print(f"step {model.step + 1:3d} not trained | {outcome.error}", flush=True)
-            else:
-                result = outcome.result
-                attempt = attempt_record(outcome.groups, result)
-                levels = [t.metrics.get("curriculum_level") for g in outcome.groups for t in g.trajectories]
-                level = max((x for x in levels if x is not None), default=level)
-                extra = curriculum_part(level, source["success"] if level == example.level else None) \
-                    if cfg.curriculum else ""
-                print(step_line(result, extra), flush=True)
-                if (result.trained and cfg.eval_every and result.step % cfg.eval_every == 0
-                        and result.step < cfg.steps):
-                    await eval_now()
-            if cfg.curriculum:
-                # The level this attempt's rollouts were drawn at, and the success last measured there.
-                attempt["curriculum_level"] = level
-                attempt["level_success"] = source["success"] if level == example.level else None
-                attempt["level_after"] = example.level
-            if values is not None:
-                attempt.update(values.figures())
-            attempt["wall_seconds"] = time.time() - summary.started
-            summary.history.append(attempt)
-            patience.record(attempt)
-            if patience.exhausted:
-                verdict = patience.verdict(model.step, cfg.group_size, where=str(summary.path),
-                                           eval_rewards=tuple(e["reward"] for e in summary.evals))
-                summary.write(stopped={"cause": verdict.cause, "attempts": len(patience.streak),
-                                       "message": str(verdict)})
-                plot(summary.history, summary.evals, cfg.out / "reward.png")
-                raise verdict
-            summary.write()
+    try:
+        async with contextlib.aclosing(pipeline.steps(cfg.steps)) as outcomes:
+            async for outcome in outcomes:
+                level = example.level
+                if outcome.error is not None:  # an outage may pass: counted as an attempt, not fatal at once
+                    attempt = failed_rollouts_record(model.step, outcome.error)
+                    print(f"step {model.step + 1:3d} not trained | {outcome.error}", flush=True)
+                else:
+                    result = outcome.result
+                    attempt = attempt_record(outcome.groups, result)
+                    levels = [t.metrics.get("curriculum_level") for g in outcome.groups for t in g.trajectories]
+                    level = max((x for x in levels if x is not None), default=level)
+                    extra = curriculum_part(level, source["success"] if level == example.level else None) \
+                        if cfg.curriculum else ""
+                    print(step_line(result, extra), flush=True)
+                    if (result.trained and cfg.eval_every and result.step % cfg.eval_every == 0
+                            and result.step < cfg.steps):
+                        await eval_now()
+                if cfg.curriculum:
+                    # The level this attempt's rollouts were drawn at, and the success last measured there.
+                    attempt["curriculum_level"] = level
+                    attempt["level_success"] = source["success"] if level == example.level else None
+                    attempt["level_after"] = example.level
+                if values is not None:
+                    attempt.update(values.figures())
+                attempt["wall_seconds"] = time.time() - summary.started
+                summary.history.append(attempt)
+                patience.record(attempt)
+                if patience.exhausted:
+                    verdict = patience.verdict(model.step, cfg.group_size, where=str(summary.path),
+                                               eval_rewards=tuple(e["reward"] for e in summary.evals))
+                    summary.write(stopped={"cause": verdict.cause, "attempts": len(patience.streak),
+                                           "message": str(verdict)})
+                    plot(summary.history, summary.evals, cfg.out / "reward.png")
+                    raise verdict
+                summary.write()
+    except NothingToRegress as exc:  # A*-PO found no prompt the base model ever solves: said, and kept
+        summary.write(stopped={"cause": exc.cause, "message": str(exc),
+                               **(values.figures() if values is not None else {})})
+        plot(summary.history, summary.evals, cfg.out / "reward.png")
+        raise
     if summary.evals[-1]["step"] != model.step:
         await eval_now()
     plot(summary.history, summary.evals, cfg.out / "reward.png")
