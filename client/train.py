@@ -165,6 +165,13 @@ def plot(history: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path)
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
+    levels = [(h["step"], h["curriculum_level"]) for h in history if h.get("curriculum_level") is not None]
+    if levels:  # a curriculum's level, on its own axis
+        lx = ax.twinx()
+        lx.step(*zip(*levels), where="post", color="gray", alpha=0.6, label="curriculum level")
+        lx.set_ylabel("curriculum level")
+        lx.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        lx.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -182,7 +189,8 @@ def step_line(result: TrainResult, extra: str = "") -> str:
              if m.staleness_bound and m.staleness_mean is not None else "")
     return (f"{head} | reward {m.reward_mean or 0:.3f} | groups {m.groups_trainable}/{m.groups_total} "
             f"trainable, {dropped} dropped | exceptions {m.trajectories_excluded} | logprob_gap "
-            f"{gap}{stale}{_advantage_part(m)}{extra} | {m.step_seconds or 0:.1f}s" + "".join(f"\n  warning: {w}" for w in result.warnings))
+            f"{gap}{stale}{_advantage_part(m)}{extra} | {m.step_seconds or 0:.1f}s"
+            + "".join(f"\n  warning: {w}" for w in result.warnings))
 
 
 def _advantage_part(m) -> str:
@@ -256,7 +264,8 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
     if cfg.curriculum and summary.history:
         last = next((h for h in reversed(summary.history) if h.get("curriculum_level") is not None), None)
         if last is not None:
-            example.level, source["success"] = last["curriculum_level"], last.get("level_success")
+            example.level = last.get("level_after", last["curriculum_level"])
+            source["success"] = last.get("level_success") if example.level == last["curriculum_level"] else None
             source["tasks"] = example.train_tasks(cfg.seed)
     values = ValueTable(cfg.value_samples, cfg.value_beta, cfg.skip_unsolved) if apo else None
     reference = await model.base_name() if apo else None

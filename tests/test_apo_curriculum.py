@@ -92,7 +92,8 @@ def test_the_command_line_refuses_what_cannot_work():
         == "leave_one_out"
     for train, curriculum, needle in (({"loss": "ppo", "baseline": "v"}, None, "--baseline"),
                                       ({"loss": "apo", "baseline": "group_mean"}, None, "given"),
-                                      ({"loss": "ppo"}, {"threshold": 2.0, "every": 1, "eval_tasks": 1}, "--curriculum")):
+                                      ({"loss": "ppo"}, {"threshold": 2.0, "every": 1, "eval_tasks": 1},
+                                       "--curriculum")):
         with pytest.raises(ConfigError, match=needle):
             loop_config(**base, train=train, curriculum=curriculum)
 

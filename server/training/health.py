@@ -16,8 +16,8 @@ NON_FINITE_UPDATE = ("The update made the adapter's weights non-finite (inf or N
 
 
 SINGLE_TRAJECTORY = ("a group of one trajectory cannot train: group-relative advantages need at least two "
-                     "rollouts per task; raise the group size, or give each group its value (TrainConfig baseline 'given', "
-                     "as A*-PO does)")
+                     "rollouts per task; raise the group size, or give each group its value (TrainConfig "
+                     "baseline 'given', as A*-PO does)")
 
 
 def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[str]:
