@@ -170,8 +170,10 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, with_curriculum in zip(axes, (False, True)):
+    modes = sorted({run["curriculum"] for run in result["runs"]})  # a panel for each mode measured
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.2), sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, with_curriculum in zip(axes, modes):
         for run in result["runs"]:
             if run["curriculum"] == with_curriculum:
                 xs = [p[0] for p in run["curve"]]
