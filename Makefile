@@ -131,3 +131,11 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench-learn: install $(BENCH_STAMP)
 	$(PY) bench/learn.py $(LEARN_ARGS)
+
+# A*-PO vs GRPO vs REINFORCE (RLOO) on the same task and sample budget, with a curriculum and without
+# (bench/algorithms.py: six runs on one art-server). `make bench-algorithms ALGO_ARGS=--quick` is the
+# reduced run (2 steps of 2 prompts x 8 each; about 15 minutes on 2 busy cores).
+ALGO_ARGS ?=
+.PHONY: bench-algorithms
+bench-algorithms: install $(BENCH_STAMP)
+	$(PY) bench/algorithms.py $(ALGO_ARGS)

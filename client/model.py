@@ -124,6 +124,10 @@ class TrainableModel:
             raise RuntimeError("call register(server_url) first")
         return AsyncOpenAI(base_url=self.server_url + "/v1", api_key=self.api_key or "EMPTY", **kw)
 
+    async def base_name(self) -> str:
+        """The name the server serves its base model under (no adapter): the reference policy."""
+        return (await self.request("GET", "/v1/models"))["data"][0]["id"]
+
     async def get_step(self) -> int:
         self.step = (await self.request("GET", f"/v1/runs/{self.name}"))["step"]
         return self.step

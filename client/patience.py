@@ -38,7 +38,7 @@ def failed_rollouts_record(step: int, error: Exception) -> dict[str, Any]:
 def cause_of(attempt: dict[str, Any]) -> str:
     if attempt.get("rollouts_failed") or attempt.get("trajectories_total") == 0:
         return "rollouts_failed"
-    if attempt.get("largest_group", 2) < 2:  # the server drops such groups as constant: say why first
+    if attempt.get("largest_group", 2) < 2 and attempt.get("baseline") != "given":  # the server drops such groups as constant: say why first
         return "group_size_1"
     if attempt.get("groups_total") and attempt.get("groups_dropped_constant") == attempt.get("groups_total"):
         return "constant_reward"

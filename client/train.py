@@ -28,12 +28,14 @@ from typing import Any, Literal, get_args
 import typer
 from pydantic import BaseModel, Field, ValidationError
 
+from client.apo import NothingToRegress, ValueTable
+from client.curriculum import Curriculum, next_level, success_rate
 from client.errors import ConfigError, cli_errors, validation_line
 from client.gather import gather_trajectory_groups
 from client.model import TrainableModel, check_server_url
 from client.patience import Patience, attempt_record, failed_rollouts_record
 from client.pipeline import Journal, Pipeline
-from protocol.config import MODULE_NAME, LossName, RunSpec, TrainConfig
+from protocol.config import MODULE_NAME, Baseline, LossName, RunSpec, TrainConfig
 from protocol.jobs import TrainResult
 from protocol.trajectory import TrajectoryGroup
 from rollouts.agent import rollout
@@ -71,6 +73,13 @@ class LoopConfig(BaseModel):
     train: TrainConfig = TrainConfig()
     # Overrides of the example's rollout settings (max_turns, max_tokens, temperature); None keeps its own.
     rollout_overrides: dict[str, Any] = {}
+    # Raise the example's difficulty level as its held-out success passes a threshold (client/curriculum.py).
+    curriculum: Curriculum | None = None
+    start_level: int = Field(default=0, ge=0)
+    # A*-PO's stage 1 (client/apo.py), for a TrainConfig whose baseline is "given" (loss "apo").
+    value_samples: int = Field(default=8, ge=1, le=1024)
+    value_beta: float = Field(default=0.5, gt=0)
+    skip_unsolved: bool = True
 
 
 def example_names() -> list[str]:
@@ -122,6 +131,12 @@ async def run_groups(model: TrainableModel, example: Example, tasks: list[Task],
                                               max_exceptions=max_exceptions)
 
 
+async def _one_group(model: TrainableModel, example: Example, task: Task, n: int, policy: str) -> TrajectoryGroup:
+    """`n` rollouts of one task from `policy` (A*-PO's reference samples: the base model)."""
+    return (await run_groups(model, example, [task], n, progress=False, description="reference", policy=policy,
+                             max_exceptions=1.0))[0]
+
+
 def mean_reward(groups: list[TrajectoryGroup]) -> float | None:
     rewards = [t.reward for g in groups for t in g.trajectories]
     return sum(rewards) / len(rewards) if rewards else None
@@ -153,12 +168,22 @@ def plot(history: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path)
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
+    levels = [(h["step"], h["curriculum_level"]) for h in history if h.get("curriculum_level") is not None]
+    if levels:  # a curriculum's level, on its own axis
+        lx = ax.twinx()
+        lx.step(*zip(*levels), where="post", color="gray", alpha=0.6, label="curriculum level")
+        lx.set_ylabel("curriculum level")
+        lx.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        lx.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def step_line(result: TrainResult) -> str:
+MAX_UNSOLVED_DRAWS = 64  # A*-PO: prompts in a row no reference sample solved before the run stops
+
+
+def step_line(result: TrainResult, extra: str = "") -> str:
     m = result.metrics
     gap = "None" if m.logprob_gap is None else f"{m.logprob_gap:.1e}"
     head = f"step {result.step:3d}" if result.trained else f"step {result.step + 1:3d} not trained"
@@ -167,7 +192,19 @@ def step_line(result: TrainResult) -> str:
              if m.staleness_bound and m.staleness_mean is not None else "")
     return (f"{head} | reward {m.reward_mean or 0:.3f} | groups {m.groups_trainable}/{m.groups_total} "
             f"trainable, {dropped} dropped | exceptions {m.trajectories_excluded} | logprob_gap "
-            f"{gap}{stale} | {m.step_seconds or 0:.1f}s" + "".join(f"\n  warning: {w}" for w in result.warnings))
+            f"{gap}{stale}{_advantage_part(m)}{extra} | {m.step_seconds or 0:.1f}s"
+            + "".join(f"\n  warning: {w}" for w in result.warnings))
+
+
+def _advantage_part(m) -> str:
+    if m.baseline != "given" or m.advantage_mean is None:
+        return ""
+    return (f" | V* {m.value_mean:.3f} advantage {m.advantage_mean:+.3f} "
+            f"({m.advantage_positive_fraction:.0%} > 0)")
+
+
+def curriculum_part(level: int, success: float | None) -> str:
+    return f" | level {level}" + ("" if success is None else f" (held-out success {success:.2f})")
 
 
 class Summary:
@@ -210,13 +247,32 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
         from rewards.ruler import ruler_hook
 
         hook = ruler_hook(cfg.judge)
+    apo = cfg.train.baseline == "given"
+    if apo and cfg.reward == "ruler":
+        raise ConfigError("A*-PO (--loss apo) needs an absolute reward for V*(x); RULER ranks a group against "
+                          "itself: use --reward env")
+    if cfg.start_level >= example.levels() or (cfg.curriculum and example.levels() < 2):
+        raise ConfigError(f"example {example.name!r} has {example.levels()} difficulty level(s): "
+                          + ("--curriculum needs two or more" if cfg.curriculum else
+                             f"--start-level {cfg.start_level} is past its last ({example.levels() - 1})"))
+    example.level = cfg.start_level
     model = await TrainableModel(cfg.run, project=cfg.project, retry_seconds=cfg.retry_seconds).register(
         cfg.server, cfg.api_key)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    held_out, train_tasks = example.eval_tasks()[: cfg.eval_tasks], example.train_tasks(cfg.seed)
+    held_out = example.eval_tasks()[: cfg.eval_tasks]  # the starting level's: before and after compare
     rng, drawn = random.Random(cfg.seed), []
     summary = Summary(cfg.out / "summary.json", cfg.run, resumed_at=model.step)
     train_cfg = cfg.train.model_copy(update={"max_steps_off_policy": cfg.max_steps_off_policy})
+    # The task source: its level moves with the curriculum; a resumed run takes the level it reached.
+    source = {"tasks": example.train_tasks(cfg.seed), "success": None}
+    if cfg.curriculum and summary.history:
+        last = next((h for h in reversed(summary.history) if h.get("curriculum_level") is not None), None)
+        if last is not None:
+            example.level = last.get("level_after", last["curriculum_level"])
+            source["success"] = last.get("level_success") if example.level == last["curriculum_level"] else None
+            source["tasks"] = example.train_tasks(cfg.seed)
+    values = ValueTable(cfg.value_samples, cfg.value_beta, cfg.skip_unsolved) if apo else None
+    reference = await model.base_name() if apo else None
 
     async def eval_now() -> None:
         step = model.step
@@ -224,45 +280,104 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
         summary.evals.append({"step": step, "reward": reward, "wall_seconds": time.time() - summary.started})
         print(f"eval @ step {step}: reward {reward:.3f}", flush=True)
 
+    async def check_level(step: int) -> None:
+        """TinyZero's rule: the current level's held-out success, and one level up past the threshold."""
+        cur = cfg.curriculum
+        tasks = example.eval_tasks()[: cur.eval_tasks]
+        groups = await run_groups(model, example, tasks, 1, progress=cfg.progress, description="level check",
+                                  policy=f"{model.name}@{step}")
+        success = success_rate([t.reward for g in groups for t in g.trajectories], cur.success_at)
+        level = next_level(example.level, success, cur.threshold, example.levels())
+        print(f"curriculum @ step {step}: level {example.level} held-out success "
+              f"{'none (every rollout failed)' if success is None else f'{success:.2f}'}"
+              + (f" >= {cur.threshold}: level {level}" if level != example.level else ""), flush=True)
+        source["success"] = None if level != example.level else success
+        if level != example.level:
+            example.level = level
+            source["tasks"] = example.train_tasks(cfg.seed)
+
     async def sample(policy: str, index: int) -> TrajectoryGroup:
         # Tasks in the order groups start, from the seed: a synchronous run draws the tasks it always drew.
         while len(drawn) <= index:
-            drawn.append(train_tasks[rng.randrange(len(train_tasks))])
-        groups = await run_groups(model, example, [drawn[index]], cfg.group_size, hook, progress=False,
+            tasks = source["tasks"]
+            drawn.append(tasks[rng.randrange(len(tasks))])
+        task, value = drawn[index], None
+        if values is not None:
+            for _ in range(MAX_UNSOLVED_DRAWS):
+                key = f"{task.metadata.get('level', 0)}/{task.id}"
+                est = await values.get(key, lambda n, t=task: _one_group(model, example, t, n, reference))
+                if values.trainable(est):
+                    value = est.value
+                    break
+                tasks = source["tasks"]
+                task = tasks[rng.randrange(len(tasks))]
+            else:
+                raise NothingToRegress(MAX_UNSOLVED_DRAWS, cfg.value_samples)
+        groups = await run_groups(model, example, [task], cfg.group_size, hook, progress=False,
                                   policy=policy, max_exceptions=1.0)
-        return groups[0]
+        group = groups[0]
+        group.value = value
+        for t in group.trajectories:
+            t.metrics["curriculum_level"] = task.metadata.get("level", example.level)
+        return group
 
     if not summary.evals:
         await eval_now()
     patience = Patience(cfg.patience)
-    pipeline = Pipeline(sample, lambda groups, key: model.train(groups, train_cfg, idempotency_key=key),
+    async def train_batch(groups: list[TrajectoryGroup], key: str) -> TrainResult:
+        result = await model.train(groups, train_cfg, idempotency_key=key)
+        # Checked before the pipeline hears of the new step, so that (synchronously) the next
+        # step's groups are drawn at the level this check decides.
+        if cfg.curriculum and result.trained and cfg.curriculum.due(result.step):
+            await check_level(result.step)
+        return result
+
+    pipeline = Pipeline(sample, train_batch,
                         run=model.name, served_step=model.step, groups_per_step=cfg.groups_per_step,
                         max_steps_off_policy=cfg.max_steps_off_policy, journal=Journal(cfg.out / "pending"),
                         retain=model.retain_adapters)
     # A step with nothing to train does not advance the run: patience ends a streak of those.
-    async with contextlib.aclosing(pipeline.steps(cfg.steps)) as outcomes:
-        async for outcome in outcomes:
-            if outcome.error is not None:  # an outage may pass: counted as an attempt, not fatal at once
-                attempt = failed_rollouts_record(model.step, outcome.error)
-                print(f"step {model.step + 1:3d} not trained | {outcome.error}", flush=True)
-            else:
-                result = outcome.result
-                attempt = attempt_record(outcome.groups, result)
-                print(step_line(result), flush=True)
-                if (result.trained and cfg.eval_every and result.step % cfg.eval_every == 0
-                        and result.step < cfg.steps):
-                    await eval_now()
-            attempt["wall_seconds"] = time.time() - summary.started
-            summary.history.append(attempt)
-            patience.record(attempt)
-            if patience.exhausted:
-                verdict = patience.verdict(model.step, cfg.group_size, where=str(summary.path),
-                                           eval_rewards=tuple(e["reward"] for e in summary.evals))
-                summary.write(stopped={"cause": verdict.cause, "attempts": len(patience.streak),
-                                       "message": str(verdict)})
-                plot(summary.history, summary.evals, cfg.out / "reward.png")
-                raise verdict
-            summary.write()
+    try:
+        async with contextlib.aclosing(pipeline.steps(cfg.steps)) as outcomes:
+            async for outcome in outcomes:
+                level = example.level
+                if outcome.error is not None:  # an outage may pass: counted as an attempt, not fatal at once
+                    attempt = failed_rollouts_record(model.step, outcome.error)
+                    print(f"step {model.step + 1:3d} not trained | {outcome.error}", flush=True)
+                else:
+                    result = outcome.result
+                    attempt = attempt_record(outcome.groups, result)
+                    levels = [t.metrics.get("curriculum_level") for g in outcome.groups for t in g.trajectories]
+                    level = max((x for x in levels if x is not None), default=level)
+                    extra = curriculum_part(level, source["success"] if level == example.level else None) \
+                        if cfg.curriculum else ""
+                    print(step_line(result, extra), flush=True)
+                    if (result.trained and cfg.eval_every and result.step % cfg.eval_every == 0
+                            and result.step < cfg.steps):
+                        await eval_now()
+                if cfg.curriculum:
+                    # The level this attempt's rollouts were drawn at, and the success last measured there.
+                    attempt["curriculum_level"] = level
+                    attempt["level_success"] = source["success"] if level == example.level else None
+                    attempt["level_after"] = example.level
+                if values is not None:
+                    attempt.update(values.figures())
+                attempt["wall_seconds"] = time.time() - summary.started
+                summary.history.append(attempt)
+                patience.record(attempt)
+                if patience.exhausted:
+                    verdict = patience.verdict(model.step, cfg.group_size, where=str(summary.path),
+                                               eval_rewards=tuple(e["reward"] for e in summary.evals))
+                    summary.write(stopped={"cause": verdict.cause, "attempts": len(patience.streak),
+                                           "message": str(verdict)})
+                    plot(summary.history, summary.evals, cfg.out / "reward.png")
+                    raise verdict
+                summary.write()
+    except NothingToRegress as exc:  # A*-PO found no prompt the base model ever solves: said, and kept
+        summary.write(stopped={"cause": exc.cause, "message": str(exc),
+                               **(values.figures() if values is not None else {})})
+        plot(summary.history, summary.evals, cfg.out / "reward.png")
+        raise
     if summary.evals[-1]["step"] != model.step:
         await eval_now()
     plot(summary.history, summary.evals, cfg.out / "reward.png")
@@ -280,7 +395,22 @@ def main(
     groups_per_step: int = typer.Option(8),
     group_size: int = typer.Option(8),
     learning_rate: float = typer.Option(None, help="Default: derived from the model (see TrainConfig)."),
-    loss: str = typer.Option("ppo", help="ppo, cispo, importance_sampling or awr"),
+    loss: str = typer.Option("ppo", help="ppo, cispo, importance_sampling, awr (TinyZero's advantage-weighted SFT) "
+                                         "or apo (A*-PO, Brantley et al. 2025: V*(x) from --value-samples of the "
+                                         "base model, then least-squares regression; use --group-size 1)"),
+    baseline: str = typer.Option(None, help="group_mean (GRPO, the default), leave_one_out (RLOO: REINFORCE with "
+                                            "a baseline; with --loss importance_sampling) or given (V*(x) of "
+                                            "A*-PO's stage 1; the default with --loss apo)"),
+    apo_beta: float = typer.Option(1e-3, help="A*-PO's beta_2: beta * log pi/pi_ref is regressed on r - V*(x)."),
+    value_samples: int = typer.Option(8, help="A*-PO's stage 1: base-model samples per prompt to estimate V*(x)."),
+    value_beta: float = typer.Option(0.5, help="A*-PO's beta_1: V* = beta * log mean exp(r / beta)."),
+    keep_unsolved: bool = typer.Option(False, help="A*-PO: also train prompts no reference sample solved "
+                                                   "(skipped and counted by default, as the paper does)."),
+    curriculum: float = typer.Option(None, help="Raise the example's difficulty level when held-out success of "
+                                                "the current level reaches this fraction (TinyZero's curriculum)."),
+    curriculum_every: int = typer.Option(25, help="Steps between the curriculum's held-out checks."),
+    curriculum_eval_tasks: int = typer.Option(32, help="Held-out tasks of the current level per check."),
+    start_level: int = typer.Option(0, help="The difficulty level to start at (examples with levels)."),
     num_minibatches: int = typer.Option(1, help="Optimizer steps per epoch over each batch of rollouts."),
     epochs: int = typer.Option(1, help="Passes over each batch of rollouts (the clipped loss keeps them safe)."),
     eval_every: int = typer.Option(5),
@@ -309,8 +439,13 @@ def main(
                           groups_per_step=groups_per_step, group_size=group_size, eval_every=eval_every,
                           eval_tasks=eval_tasks, seed=seed, out=out, reward=reward, judge=judge, progress=progress,
                           patience=patience, max_steps_off_policy=max_steps_off_policy,
-                          retry_seconds=retry_seconds, train={"learning_rate": learning_rate, "loss": loss,
-                                                    "num_minibatches": num_minibatches, "epochs": epochs},
+                          retry_seconds=retry_seconds,
+                          train={"learning_rate": learning_rate, "loss": loss, "num_minibatches": num_minibatches,
+                                 "epochs": epochs, "baseline": baseline, "apo_beta": apo_beta},
+                          curriculum=None if curriculum is None else {
+                              "threshold": curriculum, "every": curriculum_every, "eval_tasks": curriculum_eval_tasks},
+                          start_level=start_level, value_samples=value_samples, value_beta=value_beta,
+                          skip_unsolved=not keep_unsolved,
                           rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens,
                                              "temperature": temperature})
         summary = asyncio.run(train_loop(cfg))
@@ -321,6 +456,9 @@ def loop_config(**options: Any) -> LoopConfig:
     """The command line's options as a LoopConfig; an option that cannot work is a ConfigError
     naming it, before anything is started."""
     losses = get_args(LossName)
+    baselines = get_args(Baseline)
+    if options["train"].get("baseline") not in (None, *baselines):
+        raise ConfigError(f"--baseline {options['train']['baseline']!r}: use {', '.join(baselines)}")
     if options["train"]["loss"] not in losses:
         raise ConfigError(f"--loss {options['train']['loss']!r} is not a loss: use {', '.join(losses)}. GRPO's "
                           f"group-relative advantages are used with every loss (ppo, the default, is GRPO with "
@@ -337,6 +475,11 @@ def loop_config(**options: Any) -> LoopConfig:
         flag = "--run" if err["loc"][0] == "name" else "--project"
         raise ConfigError(f"{flag} {err['input']!r} is not a valid name: 1-64 letters, digits, '_', '-' or '.', "
                           f"starting with a letter or digit") from None
+    if options.get("curriculum") is not None:
+        try:
+            options["curriculum"] = Curriculum(**options["curriculum"])
+        except ValueError as exc:
+            raise ConfigError(f"--curriculum: {exc}") from None
     try:
         return LoopConfig(**options)
     except ValidationError as exc:

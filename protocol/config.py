@@ -10,9 +10,16 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-LossName = Literal["ppo", "cispo", "importance_sampling", "awr"]
+# "apo" is A*-PO's least-squares regression (Brantley et al. 2025, "Accelerating RL for LLM
+# Reasoning with Optimal Advantage Regression"), not TinyZero's advantage-weighted SFT, which is "awr".
+LossName = Literal["ppo", "cispo", "importance_sampling", "awr", "apo"]
+# What a reward is compared with to make its advantage (server/training/advantages.py):
+# - group_mean:    the mean reward of its group (GRPO's; the default)
+# - leave_one_out: the mean reward of the rest of its group (RLOO, REINFORCE with an unbiased baseline)
+# - given:         the group's own `value`, estimated by the client (A*-PO's V*(x)); a group of one trains
+Baseline = Literal["group_mean", "leave_one_out", "given"]
 Aggregation = Literal["token_mean", "seq_mean", "constant"]
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 PROJECT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -62,6 +69,10 @@ class TrainConfig(BaseModel):
     epsilon_high: float = Field(default=0.28, **_finite(ge=0, le=10))
     is_truncation_cap: float = Field(default=2.0, **_finite(gt=0, le=1000))  # for loss="importance_sampling"
     scale_rewards: bool = False  # divide advantages by the group's reward std
+    # None: "given" for loss="apo" (it regresses on r - V*(x)), else "group_mean".
+    baseline: Baseline | None = None
+    # A*-PO's beta_2: the regression target of beta * log(pi/pi_ref) summed over a sequence is r - V*(x).
+    apo_beta: float = Field(default=1e-3, **_finite(gt=0, le=100))
     loss_aggregation: Aggregation = "token_mean"
     constant_normalizer: int = Field(default=1024, gt=0, le=2**20)  # tokens per sequence for "constant"
     kl_coef: float = Field(default=0.0, **_finite(ge=0, le=100))
@@ -82,6 +93,21 @@ class TrainConfig(BaseModel):
     # staleness, read from each choice's sampling record); staler groups are dropped and counted.
     # None: no bound (a group is trained however old its sampler).
     max_steps_off_policy: int | None = Field(default=None, ge=0, le=10_000)
+
+    @model_validator(mode="after")
+    def _apo(self) -> "TrainConfig":
+        if self.baseline is None:
+            self.baseline = "given" if self.loss == "apo" else "group_mean"
+        if self.loss == "apo":
+            if self.baseline != "given":
+                raise ValueError("loss 'apo' (A*-PO) regresses on r - V*(x): its baseline is 'given' (each group's "
+                                 f"value), not {self.baseline!r}")
+            # A*-PO's loss is one squared residual per sequence: every sequence weighs the same.
+            if "loss_aggregation" in self.model_fields_set and self.loss_aggregation != "seq_mean":
+                raise ValueError("loss 'apo' (A*-PO) is a squared residual per sequence: use loss_aggregation "
+                                 "'seq_mean' (its default)")
+            self.loss_aggregation = "seq_mean"
+        return self
 
 
 class SFTConfig(BaseModel):

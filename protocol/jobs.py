@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from protocol.config import SFTConfig, TrainConfig
 from protocol.metrics import StepMetrics
@@ -18,6 +18,18 @@ IDEMPOTENCY_KEY = r"^[A-Za-z0-9_.:-]{1,200}$"
 SESSION_ID = r"^[A-Za-z0-9_.:-]{1,128}$"  # chosen by the client; it goes in a URL path
 # The events that end a job's stream; every other event is progress.
 TERMINAL_EVENTS = ("result", "error", "interrupted", "cancelled")
+
+
+def check_values(values: list[float | None], config: TrainConfig) -> None:
+    """A baseline "given" needs every group's value: a group without one would otherwise be
+    compared with nothing (dropped, or trained on its raw reward), so it is refused by name."""
+    if config.baseline != "given":
+        return
+    missing = [i for i, v in enumerate(values) if v is None]
+    if missing:
+        raise ValueError(f"baseline 'given'{' (loss apo, A*-PO)' if config.loss == 'apo' else ''} needs each "
+                         f"group's value (V*(x)); groups[{missing[0]}] has none ({len(missing)} of {len(values)} "
+                         f"groups lack it)")
 
 
 class RLJob(BaseModel):
@@ -34,6 +46,11 @@ class RLJob(BaseModel):
         if not groups:
             raise ValueError("nothing to train: send groups (rl) or conversations (sft)")
         return groups
+
+    @model_validator(mode="after")
+    def _values(self) -> "RLJob":
+        check_values([g.value for g in self.groups], self.config)
+        return self
 
 
 class SFTJob(BaseModel):
@@ -69,6 +86,7 @@ class SessionGroup(BaseModel):
 
     sessions: list[ScoredSession] = Field(max_length=10_000)
     exceptions: list[str] = Field(default_factory=list)
+    value: float | None = Field(default=None, allow_inf_nan=False)  # as TrajectoryGroup.value
 
 
 class SessionJob(BaseModel):
@@ -79,6 +97,11 @@ class SessionJob(BaseModel):
     groups: list[SessionGroup] = Field(min_length=1, max_length=100_000)
     config: TrainConfig = Field(default_factory=TrainConfig)
     idempotency_key: str | None = Field(default=None, pattern=IDEMPOTENCY_KEY)
+
+    @model_validator(mode="after")
+    def _values(self) -> "SessionJob":
+        check_values([g.value for g in self.groups], self.config)
+        return self
 
 
 JobRequest = Annotated[Union[RLJob, SFTJob], Field(discriminator="kind")]

@@ -31,6 +31,12 @@ class StepMetrics(BaseModel):
     trajectories_excluded: int = 0  # rollouts that failed for infrastructure reasons (never scored)
     reward_mean: float | None = None
     reward_std: float | None = None
+    # advantages (server/training/advantages.py): how they were made, and what they were
+    loss_name: str | None = None  # TrainConfig.loss
+    baseline: str | None = None  # group_mean, leave_one_out or given (A*-PO's V*(x))
+    value_mean: float | None = None  # mean given value over the trained groups
+    advantage_mean: float | None = None  # over the trained trajectories
+    advantage_positive_fraction: float | None = None  # 0: no sample beat its baseline
     conversations: int | None = None  # SFT
     # assembly (invariants 1 and 7)
     choices: int = 0

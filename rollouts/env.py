@@ -77,6 +77,13 @@ class Example(abc.ABC):
 
     name: str = "example"
     settings: RolloutSettings = field(default_factory=RolloutSettings)
+    # The difficulty the task source draws at, 0 the easiest: an example with levels() > 1 makes its
+    # train and held-out tasks at this level, and a curriculum (client/curriculum.py) raises it.
+    level: int = 0
+
+    def levels(self) -> int:
+        """How many difficulty levels the example has (1: none to climb)."""
+        return 1
 
     @abc.abstractmethod
     def train_tasks(self, seed: int) -> list[Task]: ...

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from server.training import losses
-from server.training.advantages import awr_weights, group_advantages
+from server.training.advantages import (awr_weights, given_value_advantages, group_advantages,
+                                        leave_one_out_advantages)
 from server.training.assemble import TrainSequence
 from server.training.batching import make_microbatch, plan
 from protocol.metrics import StepMetrics
@@ -260,3 +261,61 @@ def test_a_logprob_gap_is_a_warning_only_for_groups_the_trained_weights_sampled(
     stale = step_warnings({"groups_total": 2, "groups_trainable": 2, "trainable_tokens": 9, "trained": 1,
                            "lora_update_norm": 0.1, "logprob_gap": 0.2, "staleness_max": 2})
     assert any("disagree on token logprobs" in w for w in on_policy) and stale == []
+
+
+def test_leave_one_out_baselines_each_reward_with_the_others_mean():
+    g = leave_one_out_advantages([0.0, 1.0, 1.0, 0.0])
+    assert g.advantages == pytest.approx([0 - 2 / 3, 1 - 1 / 3, 1 - 1 / 3, 0 - 2 / 3])
+    assert leave_one_out_advantages([1.0]).dropped == "single"
+    assert leave_one_out_advantages([0.3, 0.3]).dropped == "constant"
+
+
+def test_a_given_value_makes_a_group_of_one_trainable():
+    g = given_value_advantages([1.0], value=0.25, keep_zero=False)
+    assert g.advantages == pytest.approx([0.75]) and g.dropped is None
+    assert given_value_advantages([0.0, 0.0], value=0.5, keep_zero=False).advantages == pytest.approx([-0.5, -0.5])
+    assert given_value_advantages([], value=0.5, keep_zero=True).dropped == "empty"
+    # every reward equal to the value: no policy gradient, dropped, unless the loss regresses on it (A*-PO)
+    assert given_value_advantages([0.5], value=0.5, keep_zero=False).dropped == "constant"
+    assert given_value_advantages([0.5], value=0.5, keep_zero=True).advantages == [0.0]
+
+
+def test_apo_loss_is_the_squared_residual_per_sequence():
+    """Two sequences (3 and 2 tokens): (beta * sum log pi/pi_ref - (r - V*))^2 each; with seq_mean
+    aggregation the step's loss is their mean, and the gradient on each token of a sequence is
+    2 * beta * residual (the same on all of them: the sequence's log-ratio is a sum)."""
+    lp = torch.tensor([-1.0, -2.0, -0.5, -1.0, -3.0], requires_grad=True)
+    ref = torch.tensor([-1.5, -2.0, -0.5, -1.0, -2.0])
+    seq = torch.tensor([0, 0, 0, 1, 1])
+    adv = torch.tensor([0.8, 0.8, 0.8, -0.3, -0.3])
+    beta = 0.1
+    tok, clipped = losses.apo_loss(lp, ref, adv, seq, beta)
+    r0, r1 = beta * 0.5 - 0.8, beta * -1.0 + 0.3
+    assert tok.tolist() == pytest.approx([r0 ** 2] * 3 + [r1 ** 2] * 2)
+    assert not clipped.any()
+    loss = losses.aggregate(tok, seq, "seq_mean", 5, 2, 1, torch.tensor([3.0, 2.0]))
+    assert float(loss.detach()) == pytest.approx((r0 ** 2 + r1 ** 2) / 2)
+    loss.backward()
+    assert lp.grad.tolist() == pytest.approx([2 * beta * r0 / 2] * 3 + [2 * beta * r1 / 2] * 2)
+    # at the reference (log-ratio 0) it is REINFORCE with advantage r - V*, scaled by 2 * beta
+    lp0 = ref.clone().requires_grad_()
+    losses.aggregate(losses.apo_loss(lp0, ref, adv, seq, beta)[0], seq, "seq_mean", 5, 2, 1,
+                     torch.tensor([3.0, 2.0])).backward()
+    assert lp0.grad.tolist() == pytest.approx([-beta * 0.8] * 3 + [beta * 0.3] * 2)
+
+
+def test_a_stage_two_config_says_what_it_regresses_on():
+    from protocol.config import TrainConfig
+    from protocol.jobs import RLJob
+
+    apo = TrainConfig(loss="apo")
+    assert apo.baseline == "given" and apo.loss_aggregation == "seq_mean"
+    assert TrainConfig().baseline == "group_mean"
+    assert TrainConfig.model_validate(apo.model_dump()) == apo  # the wire round trip keeps it
+    with pytest.raises(ValueError, match="baseline is 'given'"):
+        TrainConfig(loss="apo", baseline="group_mean")
+    with pytest.raises(ValueError, match="seq_mean"):
+        TrainConfig(loss="apo", loss_aggregation="token_mean")
+    with pytest.raises(ValueError, match=r"groups\[1\] has none"):
+        RLJob(groups=[{"trajectories": [{}], "value": 0.5}, {"trajectories": [{}]}], config=apo)
+    RLJob(groups=[{"trajectories": [{}]}], config=TrainConfig())  # no value needed for a group baseline

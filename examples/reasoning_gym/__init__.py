@@ -40,6 +40,20 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "letter_counting": dict(min_words=3, max_words=5),
 }
 
+# Difficulty levels for a curriculum (client/curriculum.py), each a reasoning-gym dataset's own
+# settings; level 0 is SETTINGS' easy one. leg_counting grows in kinds of animals and how many of each.
+LEVELS: dict[str, list[dict[str, Any]]] = {
+    "leg_counting": [SETTINGS["leg_counting"],
+                     dict(min_animals=1, max_animals=2, min_instances=1, max_instances=3),
+                     dict(min_animals=2, max_animals=3, min_instances=1, max_instances=4),
+                     dict(min_animals=3, max_animals=4, min_instances=2, max_instances=6)],
+    "chain_sum": [SETTINGS["chain_sum"], dict(min_terms=2, max_terms=3, min_digits=1, max_digits=1),
+                  dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2),
+                  dict(min_terms=3, max_terms=4, min_digits=2, max_digits=2)],
+    "products": [SETTINGS["products"], dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2),
+                 dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2)],
+}
+
 # System prompts that ask for the bare answer, each (system prompt, text appended to the question);
 # the user-turn variants repeat the instruction where a small chat model attends to it most.
 PROMPTS: dict[str, tuple[str, str]] = {
@@ -56,8 +70,13 @@ TASK, PROMPT = "leg_counting", "fewshot"  # chosen by measuring: see the README 
 TRAIN_SEED, EVAL_SEED = 0, 10_000  # disjoint seeds: the held-out rows are other questions
 
 
-def rows(task: str, size: int, seed: int) -> list[dict[str, Any]]:
-    return list(reasoning_gym.create_dataset(task, size=size, seed=seed, **SETTINGS[task]))
+def rows(task: str, size: int, seed: int, level: int = 0) -> list[dict[str, Any]]:
+    """`size` questions of `task` at difficulty `level` (LEVELS; 0 is SETTINGS' easy one)."""
+    options = LEVELS[task][level] if task in LEVELS else SETTINGS[task]
+    if level and task not in LEVELS:
+        raise ValueError(f"reasoning-gym task {task!r} has no difficulty levels; those with levels: "
+                         f"{', '.join(sorted(LEVELS))}")
+    return list(reasoning_gym.create_dataset(task, size=size, seed=seed + 1000 * level, **options))
 
 
 def messages(row: dict[str, Any], prompt: str) -> list[dict[str, str]]:
@@ -98,19 +117,24 @@ class ReasoningGymExample(Example):
     n_train: int = 1024
     n_eval: int = 64
 
+    def levels(self) -> int:
+        return len(LEVELS.get(self.task, [None]))
+
     def train_tasks(self, seed: int) -> list[Task]:
         # `seed` orders nothing here: client.train shuffles; the rows are fixed by TRAIN_SEED so a
         # run and its baseline see the same questions.
-        return [Task(id=f"train-{i}", data={"row": r}) for i, r in enumerate(self._rows(self.n_train, TRAIN_SEED))]
+        return [Task(id=f"train-L{self.level}-{i}", data={"row": r}, metadata={"level": self.level})
+                for i, r in enumerate(self._rows(self.n_train, TRAIN_SEED))]
 
     def eval_tasks(self) -> list[Task]:
-        return [Task(id=f"eval-{i}", data={"row": r}) for i, r in enumerate(self._rows(self.n_eval, EVAL_SEED))]
+        return [Task(id=f"eval-L{self.level}-{i}", data={"row": r}, metadata={"level": self.level})
+                for i, r in enumerate(self._rows(self.n_eval, EVAL_SEED))]
 
     def make_env(self, task: Task) -> Environment:
         return ReasoningGymEnv(task.data["row"], self.prompt)
 
     def _rows(self, size: int, seed: int) -> list[dict[str, Any]]:
-        return rows(self.task, size, seed)
+        return rows(self.task, size, seed, self.level)
 
 
 def make_example(task: str = TASK, prompt: str = PROMPT, **kwargs: Any) -> ReasoningGymExample:

@@ -52,6 +52,6 @@ async def submit_session_job(run: RunDep, body: SessionJob, request: Request, st
             except SessionError as e:
                 raise APIError(e.status if e.status != 409 else 400, f"groups[{gi}].sessions[{si}]: {e.message}",
                                param=f"groups[{gi}].sessions[{si}].session_id", code="session_unavailable")
-        groups.append(TrajectoryGroup(trajectories=trajectories, exceptions=g.exceptions,
+        groups.append(TrajectoryGroup(trajectories=trajectories, exceptions=g.exceptions, value=g.value,
                                       metadata={"sessions": [s.session_id for s in g.sessions]}))
     return await queue_job(state, run, RLJob(groups=groups, config=body.config, idempotency_key=body.idempotency_key))

@@ -1,5 +1,6 @@
-"""Group-relative advantages (invariant 5) and the filter that keeps float noise from
-becoming signal (invariant 3)."""
+"""Advantages: reward minus a baseline. Group-relative by default (invariant 5), leave-one-out
+(REINFORCE with an unbiased baseline), or a value the client gives per group (A*-PO's V*(x));
+and the filter that keeps float noise from becoming signal (invariant 3)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,33 @@ def group_advantages(rewards: list[float], scale: bool = False, min_spread: floa
     if scale:
         adv = [a / (std + 1e-6) for a in adv]
     return GroupAdvantages(adv, mean, std, spread)
+
+
+def leave_one_out_advantages(rewards: list[float], min_spread: float = 1e-6) -> GroupAdvantages:
+    """RLOO: each reward minus the mean of the others' (n/(n-1) times reward minus the group mean),
+    REINFORCE's baseline that does not depend on the sample it baselines."""
+    g = group_advantages(rewards, False, min_spread)
+    if g.advantages is None:
+        return g
+    n = len(rewards)
+    return GroupAdvantages([a * n / (n - 1) for a in g.advantages], g.mean, g.std, g.spread)
+
+
+def given_value_advantages(rewards: list[float], value: float, keep_zero: bool, min_spread: float = 1e-6
+                           ) -> GroupAdvantages:
+    """Each reward minus the value the client estimated for the group's prompt (A*-PO's V*(x)).
+
+    One rollout is enough: the baseline does not come from the group. Only a group with no rollout
+    is dropped, and, unless `keep_zero` (A*-PO's loss still pulls log pi/pi_ref towards 0 there),
+    one where every reward equals the value to within `min_spread` (no policy gradient at all)."""
+    if not rewards:
+        return GroupAdvantages(None, 0.0, 0.0, 0.0, dropped="empty")
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    adv = [r - value for r in rewards]
+    if not keep_zero and max(abs(a) for a in adv) < min_spread:
+        return GroupAdvantages(None, mean, std, max(rewards) - min(rewards), dropped="constant")
+    return GroupAdvantages(adv, mean, std, max(rewards) - min(rewards))
 
 
 def awr_weights(advantages: list[float]) -> list[float]:

@@ -42,6 +42,9 @@ class Microbatch:
     seq_index: torch.Tensor  # [K] index of the token's sequence within the minibatch
     n_tokens: int  # real (non-padding) tokens
     n_padding: int
+    # The reference's (base model, adapter disabled) logprobs of the targets, where a loss or the
+    # KL figures need them; filled by the optimizer, not here.
+    ref_logprobs: torch.Tensor | None = None
 
     @property
     def n_loss_tokens(self) -> int:

@@ -16,7 +16,8 @@ NON_FINITE_UPDATE = ("The update made the adapter's weights non-finite (inf or N
 
 
 SINGLE_TRAJECTORY = ("a group of one trajectory cannot train: group-relative advantages need at least two "
-                     "rollouts per task; raise the group size")
+                     "rollouts per task; raise the group size, or give each group its value (TrainConfig "
+                     "baseline 'given', as A*-PO does)")
 
 
 def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[str]:
@@ -69,13 +70,21 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
     if m.unsampled_choices:
         w.append(f"{m.unsampled_choices} of {m.choices} choices were not sampled by this server (no token ids, and "
                  f"no turn it remembers with that content): they were context, not training data.")
+    if m.baseline == "given" and m.advantage_positive_fraction == 0.0 and (m.advantage_mean or 0.0) < 0:
+        w.append(f"No trained sample scored above its given value (mean V* {m.value_mean:.3g}, mean advantage "
+                 f"{m.advantage_mean:.3g}): every update pushes away from what was sampled and towards nothing. "
+                 f"If the values came from reference samples that never succeeded, the tasks are too hard for "
+                 f"the base model: start a curriculum lower, or drop prompts no reference sample solved.")
     gap = m.logprob_gap
     # Off-policy groups differ from the trainer by design (the policy moved since they were sampled):
     # the gap says something is wrong only for groups sampled by the weights being trained.
     if gap is not None and gap > LOGPROB_GAP_LIMIT and not m.staleness_max:
         w.append(f"Sampler and trainer disagree on token logprobs (mean gap {gap:.3f}, expected ~0 on-policy): "
                  f"the samples are stale (sampled from an older step) or were not produced by this model.")
-    if m.trained and m.lora_update_norm == 0.0:
+    if m.trained and m.lora_update_norm == 0.0 and m.baseline == "given" and m.loss == 0.0:
+        w.append("Every trained sample scored exactly its given value and the policy is still the reference: "
+                 "A*-PO's residuals were all 0, so the step had no gradient and the LoRA did not move.")
+    elif m.trained and m.lora_update_norm == 0.0:
         w.append("The LoRA's weights did not change in this step: the optimizer ran but the model is the same. "
                  "This is a bug (zero learning rate, frozen adapter or zero gradient).")
     if m.truncated_fraction > TRUNCATED_LIMIT:

@@ -40,6 +40,21 @@ def awr_loss(logprobs, weights):
     return -(weights * logprobs), torch.zeros_like(logprobs, dtype=torch.bool)
 
 
+def apo_loss(logprobs, ref_logprobs, advantages, seq_index, beta: float):
+    """A*-PO's least-squares regression (Brantley et al. 2025): (beta * log pi(y|x)/pi_ref(y|x) -
+    (r - V*(x)))^2 per sequence, with log pi(y|x) the sum of the sequence's token logprobs.
+
+    Returned per token as its sequence's residual squared, so that seq_mean aggregation (each
+    token's share 1/len) makes each sequence's loss its squared residual exactly. A sequence must
+    lie in one micro-batch (batching.plan puts one sequence in one row). `advantages` per token is
+    its sequence's r - V*(x). The reference is the base model (the adapter disabled)."""
+    n = int(seq_index.max()) + 1 if seq_index.numel() else 0
+    log_ratio = torch.zeros(n, dtype=logprobs.dtype, device=logprobs.device).index_add(
+        0, seq_index, logprobs - ref_logprobs)
+    residual = beta * log_ratio[seq_index] - advantages
+    return residual ** 2, torch.zeros_like(logprobs, dtype=torch.bool)
+
+
 def kl_k3(logprobs, ref_logprobs):
     """Schulman's k3 estimator of KL(policy || reference), per token; >= 0 and unbiased."""
     log_ratio = ref_logprobs - logprobs

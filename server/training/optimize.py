@@ -39,11 +39,13 @@ class OptimPlan:
     loss_aggregation: str = "token_mean"
     constant_normalizer: int = 1024
     kl_coef: float = 0.0
+    needs_reference: bool = False  # the loss itself reads the base model's logprobs (A*-PO)
 
     @classmethod
     def for_rl(cls, cfg: TrainConfig, lr: float) -> "OptimPlan":
         return cls(lr, cfg.epochs, cfg.num_minibatches, cfg.max_tokens_per_microbatch, cfg.max_grad_norm,
-                   cfg.weight_decay, cfg.loss_aggregation, cfg.constant_normalizer, cfg.kl_coef)
+                   cfg.weight_decay, cfg.loss_aggregation, cfg.constant_normalizer, cfg.kl_coef,
+                   needs_reference=cfg.loss == "apo")
 
     @classmethod
     def for_sft(cls, cfg: SFTConfig, lr: float, n_sequences: int) -> "OptimPlan":
@@ -60,6 +62,8 @@ def rl_loss(cfg: TrainConfig) -> TokenLoss:
         return lambda lp, mb: losses.truncated_is_loss(lp, mb.old_logprobs, mb.advantages, cfg.is_truncation_cap)
     if cfg.loss == "awr":
         return lambda lp, mb: losses.awr_loss(lp, mb.weights)
+    if cfg.loss == "apo":
+        return lambda lp, mb: losses.apo_loss(lp, mb.ref_logprobs, mb.advantages, mb.seq_index, cfg.apo_beta)
     raise ValueError(f"unknown loss {cfg.loss!r}")
 
 
@@ -150,12 +154,13 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
         ref_lp = None
         with host.lock:
             host.model.set_adapter(run.adapter)
-            if p.kl_coef > 0 or (measure_kl and r == 0):
+            if p.kl_coef > 0 or p.needs_reference or (measure_kl and r == 0):
                 with host.model.disable_adapter(), torch.no_grad():
                     ref_lp, _ = _forward_logprobs(host, mb, grad=False)
+                mb.ref_logprobs = ref_lp
             lp, lp_all = _forward_logprobs(host, mb, grad=True)
         tok_loss, clipped = token_loss(lp, mb)
-        if ref_lp is not None:
+        if ref_lp is not None and (p.kl_coef > 0 or (measure_kl and r == 0)):
             kl = losses.kl_k3(lp, ref_lp)
             if p.kl_coef > 0:
                 tok_loss = tok_loss + p.kl_coef * kl

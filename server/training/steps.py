@@ -24,7 +24,8 @@ from protocol.jobs import RLJob, SFTJob
 from protocol.metrics import StepMetrics
 from protocol.staleness import sampled_step, split_by_staleness, staleness
 from protocol.trajectory import Conversation, TrajectoryGroup
-from server.training.advantages import awr_weights, group_advantages
+from server.training.advantages import (GroupAdvantages, awr_weights, given_value_advantages, group_advantages,
+                                        leave_one_out_advantages)
 from server.training.assemble import AssemblyStats, TrainSequence, assemble_history, assemble_sft
 from server.training.health import NON_FINITE_UPDATE, step_warnings
 from server.training.hyperparams import default_learning_rate
@@ -75,6 +76,20 @@ class Batch:
     histories: int = 0
     dropped_tokens: int = 0  # completion tokens of dropped groups (for the loss normaliser)
     dropped_sequences: int = 0
+    advantages: list[float] = field(default_factory=list)  # of the trained trajectories
+    values: list[float] = field(default_factory=list)  # the given values of the trained groups
+
+
+def advantages_for(g: TrajectoryGroup, cfg: TrainConfig) -> GroupAdvantages:
+    """The group's advantages under the submission's baseline (protocol/config.py: Baseline)."""
+    rewards = [t.reward for t in g.trajectories]
+    if cfg.baseline == "given":
+        # RLJob refuses a "given" submission with a group that lacks its value: never None here.
+        return given_value_advantages(rewards, g.value, keep_zero=cfg.loss == "apo",
+                                      min_spread=cfg.min_group_reward_spread)
+    if cfg.baseline == "leave_one_out":
+        return leave_one_out_advantages(rewards, cfg.min_group_reward_spread)
+    return group_advantages(rewards, cfg.scale_rewards, cfg.min_group_reward_spread)
 
 
 def submission_figures(groups: list[TrajectoryGroup]) -> StepMetrics:
@@ -90,7 +105,7 @@ def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig) -> Ba
     every trajectory assembled into sequences that carry their trajectory's advantage."""
     batch = Batch()
     for gi, g in enumerate(groups):
-        adv = group_advantages([t.reward for t in g.trajectories], cfg.scale_rewards, cfg.min_group_reward_spread)
+        adv = advantages_for(g, cfg)
         if adv.advantages is None:
             batch.groups_dropped[adv.dropped] += 1
             batch.dropped_sequences += len(g.trajectories)
@@ -108,7 +123,22 @@ def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig) -> Ba
                     s.advantage, s.weight, s.group = a, w, gi
                 batch.sequences += seqs
         batch.groups_trainable += len(batch.sequences) > before
+        if len(batch.sequences) > before:
+            batch.advantages += adv.advantages
+            if g.value is not None and cfg.baseline == "given":
+                batch.values.append(g.value)
     return batch
+
+
+def advantage_figures(batch: Batch, cfg: TrainConfig) -> dict[str, Any]:
+    """What the trained advantages were: a run whose advantages are never positive (every sample
+    at or below its baseline, as when V* came from reference samples that all failed) has nothing
+    to move towards, and says so (server/training/health.py)."""
+    adv = batch.advantages
+    return {"baseline": cfg.baseline, "loss_name": cfg.loss,
+            "advantage_mean": sum(adv) / len(adv) if adv else None,
+            "advantage_positive_fraction": sum(a > 0 for a in adv) / len(adv) if adv else None,
+            "value_mean": sum(batch.values) / len(batch.values) if batch.values else None}
 
 
 def compute(run: Run, request: RLJob | SFTJob, hooks: Hooks = Hooks()) -> ComputedStep:
@@ -138,7 +168,8 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
     m = m.model_copy(update={**vars(batch.stats), "groups_trainable": batch.groups_trainable,
                              "groups_dropped_constant": dropped["constant"], "groups_dropped_single": dropped["single"],
                              "groups_dropped_failed": dropped["empty"], "additional_histories": batch.histories,
-                             "trainable_tokens": sum(s.n_loss_tokens for s in batch.sequences)})
+                             "trainable_tokens": sum(s.n_loss_tokens for s in batch.sequences),
+                             **advantage_figures(batch, cfg)})
     m.truncated_fraction = m.truncated_choices / m.choices if m.choices else 0.0
     hooks.progress("assembled", {"sequences": len(batch.sequences), "trainable_tokens": m.trainable_tokens})
     if m.trainable_tokens == 0:

@@ -16,6 +16,8 @@ const HEALTH = [
   ["loss", "loss"], ["truncated_fraction", "truncated fraction"], ["prompt_mismatches", "prompt mismatches"],
   ["staleness_mean", "staleness, mean (steps behind)"], ["staleness_max", "staleness, max (steps behind)"],
   ["groups_dropped_stale", "groups dropped (staler than the bound)"],
+  ["value_mean", "given value V*, mean (A*-PO)"], ["advantage_mean", "advantage, mean"],
+  ["advantage_positive_fraction", "advantages > 0, fraction"],
 ];
 const FILTERS = ["step", "split", "min_reward", "max_reward", "meta_key", "meta_value", "q"];
 
