@@ -103,7 +103,7 @@ async def _act(choice: Choice, env: Environment, traj: Trajectory) -> StopReason
         result = await _run_tool(env, call.function.name, call.function.arguments)
         traj.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": tool_content(result)})
     if calls:
-        return None
+        return StopReason.ANSWERED if env.finished() else None
     if malformed_tool_call(choice):
         return StopReason.MALFORMED_TOOL_CALL
     reply = await env.user_reply(traj.messages())

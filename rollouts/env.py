@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel, Field
 
@@ -50,6 +50,11 @@ class Environment(abc.ABC):
         """Run one tool call. Return a string or anything JSON-serialisable; raise ToolError for
         a call the tool rejects. Any other exception is an infrastructure failure."""
 
+    def finished(self) -> bool:
+        """True once a tool call has ended the episode (a final-answer tool, say): the agent loop
+        then stops after that turn's tool results instead of asking the model again."""
+        return False
+
     async def user_reply(self, messages: list[Message]) -> str | None:
         """The simulated user's next message after an assistant answer, or None when the
         conversation is over. The default has no simulated user: the first answer ends it."""
@@ -86,3 +91,11 @@ class Example(abc.ABC):
 
     @abc.abstractmethod
     def make_env(self, task: Task) -> Environment: ...
+
+    def group_scorer(self, judge: Any) -> Callable[[Any], Awaitable[Any]] | None:
+        """A hook that scores each training group once its rollouts are done (a TrajectoryGroup in,
+        the scored group out), for an example whose reward compares a group's rollouts, such as a
+        RULER judge's; None (the default): each rollout's environment reward alone. `judge` is the
+        judge `client.train` was given, or else art-server's base model (a rewards.ruler.JudgeConfig).
+        Held-out evaluation runs groups of one and keeps the environment's reward."""
+        return None
