@@ -74,6 +74,11 @@ class RolloutSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None  # server-side sampling seed, for reproducible rollouts in tests
+    # OpenAI's tool_choice ("auto", "required", or a named function); None sends none. "required"
+    # makes every turn a tool call (art-server and vLLM decode it constrained), for an agent whose
+    # episode ends with an answer tool.
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # False: at most one tool call per turn; None sends none
 
 
 @dataclass

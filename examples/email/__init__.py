@@ -71,7 +71,10 @@ def fact_task(fact: Fact, split: str, index: int) -> Task:
 @dataclass
 class EmailExample(Example):
     name: str = "email"
-    settings: RolloutSettings = field(default_factory=lambda: RolloutSettings(max_turns=6, max_tokens=192))
+    # Every turn is one tool call (the answer tool ends the episode): a small model then searches
+    # instead of writing prose, its calls always parse, and it acts on one result at a time.
+    settings: RolloutSettings = field(default_factory=lambda: RolloutSettings(
+        max_turns=6, max_tokens=128, tool_choice="required", parallel_tool_calls=False))
     seed: int = DEFAULT_SEED
     size: int = DEFAULT_SIZE
     cache: Path | None = None  # where the mailbox's SQLite file is built; None: mailbox.cache_dir()

@@ -15,30 +15,40 @@ inbox (messages from 2024) by searching it with the tools.
 3. Call answer with the short answer (an amount, a date, a place, a number or code) and the message ids it comes from.
 Keep the answer short and take it from the email, never guess."""
 
+# The schemas are strict (no other keys, ids and dates by pattern, bounded strings): a model
+# that decodes tool calls constrained to them (tool_choice "required" on art-server or vLLM) can
+# only make calls of this shape; the tools check the same things for any other model.
+MESSAGE_ID = {"type": "string", "pattern": "^m[0-9]{4}$", "description": "a message_id from search_inbox"}
+DAY = {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
         "name": "search_inbox",
         "description": "Full-text search of the inbox. Returns up to max_results messages (best match first) with "
                        "their message_id, sender, date, subject and a snippet.",
-        "parameters": {"type": "object", "properties": {
-            "keywords": {"type": "string", "description": "Words to look for, e.g. 'Parcel Peak desk lamp order'."},
-            "sender": {"type": "string", "description": "Only messages whose sender name or address contains this."},
-            "sent_after": {"type": "string", "description": "Only messages sent on or after this date (YYYY-MM-DD)."},
-            "sent_before": {"type": "string", "description": "Only messages sent on or before this date (YYYY-MM-DD)."},
-            "max_results": {"type": "integer", "description": "At most this many results (1-50, default 5)."},
-        }, "required": []}}},
+        "parameters": {"type": "object", "additionalProperties": False, "required": ["keywords"], "properties": {
+            "keywords": {"type": "string", "maxLength": 80,
+                         "description": "Words to look for, e.g. 'Parcel Peak desk lamp order'."},
+            "sender": {"type": "string", "maxLength": 40,
+                       "description": "Only messages whose sender name or address contains this."},
+            "sent_after": {**DAY, "description": "Only messages sent on or after this date (YYYY-MM-DD)."},
+            "sent_before": {**DAY, "description": "Only messages sent on or before this date (YYYY-MM-DD)."},
+            "max_results": {"type": "integer", "minimum": 1, "maximum": 50,
+                            "description": "At most this many results (default 5)."},
+        }}}},
     {"type": "function", "function": {
         "name": "read_email",
         "description": "The whole message with this id: sender, date, subject and body.",
-        "parameters": {"type": "object", "properties": {"message_id": {"type": "string", "description": "e.g. m0042"}},
-                       "required": ["message_id"]}}},
+        "parameters": {"type": "object", "additionalProperties": False, "required": ["message_id"],
+                       "properties": {"message_id": MESSAGE_ID}}}},
     {"type": "function", "function": {
         "name": "answer",
         "description": "Give the final answer and the ids of the messages it comes from. Ends the conversation.",
-        "parameters": {"type": "object", "properties": {
-            "answer": {"type": "string", "description": "The short answer."},
-            "sources": {"type": "array", "items": {"type": "string"}, "description": "message ids, e.g. ['m0042']"},
-        }, "required": ["answer", "sources"]}}},
+        "parameters": {"type": "object", "additionalProperties": False, "required": ["answer", "sources"],
+                       "properties": {
+                           "answer": {"type": "string", "maxLength": 80, "description": "The short answer."},
+                           "sources": {"type": "array", "items": MESSAGE_ID, "maxItems": 5,
+                                       "description": "ids of the messages the answer comes from"},
+                       }}}},
 ]
 
 
