@@ -157,16 +157,17 @@ def plot(history: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path)
 
 def judge_figures(groups: list[TrajectoryGroup]) -> dict[str, int] | None:
     """A step's judge calls, summed over its groups (rewards.ruler puts them in each group's
-    metadata, judged or failed): judgments made and failed, attempts, malformed replies."""
+    metadata, judged, failed or skipped): judgments made, failed, skipped (nothing to compare),
+    attempts, malformed replies."""
     found = [g.metadata["ruler"] for g in groups if isinstance(g.metadata.get("ruler"), dict)]
     if not found:
         return None
-    return {name: sum(int(f.get(name, 0)) for f in found) for name in ("judged", "failed", "attempts", "malformed")}
+    return {name: sum(int(f.get(name, 0)) for f in found) for name in ("judged", "failed", "skipped", "attempts", "malformed")}
 
 
 def judge_line(figures: dict[str, int]) -> str:
-    return (f"  judge: {figures['judged']} groups judged, {figures['failed']} failed, {figures['malformed']} malformed "
-            f"replies in {figures['attempts']} calls")
+    return (f"  judge: {figures['judged']} groups judged, {figures['failed']} failed, {figures['skipped']} with nothing "
+            f"to compare; {figures['malformed']} malformed replies in {figures['attempts']} calls")
 
 
 def step_line(result: TrainResult) -> str:

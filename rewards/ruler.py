@@ -87,7 +87,8 @@ class JudgeError(Exception):
         self.malformed = malformed  # of the attempts, replies that came back but were no valid verdict
         # What the gather keeps of the failed group (client/gather.py): the judge's figures, so a
         # step can count malformed replies of the judgments that failed too.
-        self.group_metadata = {"ruler": {"judged": 0, "failed": 1, "attempts": attempts, "malformed": malformed}}
+        self.group_metadata = {"ruler": {"judged": 0, "failed": 1, "skipped": 0, "attempts": attempts,
+                                         "malformed": malformed}}
 
 
 class JudgeConfig(BaseModel):
@@ -542,6 +543,7 @@ def _skip(group: TrajectoryGroup, reason: str) -> TrajectoryGroup:
     out = group.model_copy(deep=True)
     for traj in out.trajectories:
         traj.logs.append(f"RULER: not judged ({reason})")
+    out.metadata["ruler"] = {"judged": 0, "failed": 0, "skipped": 1, "attempts": 0, "malformed": 0}
     return out
 
 
@@ -560,7 +562,8 @@ async def score_group(
 ) -> TrajectoryGroup:
     """Score a group relative to itself; returns a new group (the input is never mutated).
 
-    The group's ``metadata["ruler"]`` counts the judgment (judged 1, attempts, malformed replies);
+    The group's ``metadata["ruler"]`` counts the judgment (judged, or skipped with nothing to compare;
+    attempts; malformed replies);
     a :class:`JudgeError` carries the same for a judgment that failed (``group_metadata``).
     Each trajectory gets ``metrics["independent_reward"]`` (its reward before), ``metrics["ruler_score"]``,
     the judge's explanation in ``logs`` and ``reward = weight * ruler_score + (1 - weight) * independent``.
@@ -604,7 +607,8 @@ async def score_group(
                 traj.metrics[f"ruler_{name}"] = getattr(usage, name)
         traj.reward = weight * verdict.score + (1.0 - weight) * independent
         traj.logs.append(f"RULER [{tid}] score={verdict.score:.3f} (judge {config.model}): {verdict.explanation or ''}")
-    out.metadata["ruler"] = {"judged": 1, "failed": 0, "attempts": usage.attempts, "malformed": usage.malformed}
+    out.metadata["ruler"] = {"judged": 1, "failed": 0, "skipped": 0, "attempts": usage.attempts,
+                             "malformed": usage.malformed}
     return out
 
 

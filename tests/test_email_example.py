@@ -160,13 +160,14 @@ def test_judge_figures_of_a_step_count_malformed_replies_of_judged_and_failed_gr
     failed = TrajectoryGroup(exceptions=["JudgeError: ..."],
                              metadata=JudgeError("no verdict", attempts=3, malformed=3).group_metadata)
     plain = TrajectoryGroup(trajectories=judged.trajectories)
-    assert judge_figures([judged, failed, plain]) == {"judged": 1, "failed": 1, "attempts": 5, "malformed": 4}
+    assert judge_figures([judged, failed, plain]) == {"judged": 1, "failed": 1, "skipped": 0, "attempts": 5,
+                                                      "malformed": 4}
     assert judge_figures([plain]) is None
 
 
 def test_summary_totals_the_judge_over_steps(tmp_path):
     summary = Summary(tmp_path / "summary.json", "r", resumed_at=0)
     summary.evals = [{"step": 0, "reward": 0.0}, {"step": 2, "reward": 0.5}]
-    summary.history = [{"step": 1, "judge": {"judged": 2, "failed": 0, "attempts": 3, "malformed": 1}},
-                       {"step": 2, "judge": {"judged": 1, "failed": 1, "attempts": 4, "malformed": 2}}]
-    assert summary.write()["judge"] == {"judged": 3, "failed": 1, "attempts": 7, "malformed": 3}
+    summary.history = [{"step": 1, "judge": {"judged": 2, "failed": 0, "skipped": 0, "attempts": 3, "malformed": 1}},
+                       {"step": 2, "judge": {"judged": 1, "failed": 1, "skipped": 1, "attempts": 4, "malformed": 2}}]
+    assert summary.write()["judge"] == {"judged": 3, "failed": 1, "skipped": 1, "attempts": 7, "malformed": 3}
