@@ -200,7 +200,7 @@ class Summary:
     def judge_totals(self) -> dict[str, int] | None:
         """The judge's figures over every training attempt (see judge_figures)."""
         steps = [h["judge"] for h in self.history if h.get("judge")]
-        return {k: sum(j[k] for j in steps) for k in steps[0]} if steps else None
+        return {k: sum(j.get(k, 0) for j in steps) for k in steps[0]} if steps else None
 
     def write(self, stopped: dict[str, Any] | None = None) -> dict[str, Any]:
         """`stopped`: why the loop gave up before its last step (cause and message), if it did."""

@@ -562,14 +562,13 @@ async def score_group(
 ) -> TrajectoryGroup:
     """Score a group relative to itself; returns a new group (the input is never mutated).
 
-    The group's ``metadata["ruler"]`` counts the judgment (judged, or skipped with nothing to compare;
-    attempts; malformed replies);
-    a :class:`JudgeError` carries the same for a judgment that failed (``group_metadata``).
     Each trajectory gets ``metrics["independent_reward"]`` (its reward before), ``metrics["ruler_score"]``,
     the judge's explanation in ``logs`` and ``reward = weight * ruler_score + (1 - weight) * independent``.
     The ``ruler_*`` call figures (latency_s, prompt/completion tokens, cost_usd when litellm knows the
-    price, attempts, malformed replies) describe the one judge call of the whole group, repeated on each trajectory: sum
-    them over groups, not over trajectories.
+    price, attempts, malformed replies) describe the one judge call of the whole group, repeated on
+    each trajectory: sum them over groups, not over trajectories. The group's ``metadata["ruler"]``
+    counts the judgment once (judged, or skipped with nothing to compare; attempts; malformed
+    replies), and a :class:`JudgeError` carries the same for a judgment that failed (``group_metadata``).
 
     ``max_retries`` is the number of retries after the first attempt (invalid replies and transient
     errors alike); then :class:`JudgeError` is raised.
