@@ -66,8 +66,9 @@ async def gather_trajectory_groups(
             try:
                 g = await after_each(g)
             except Exception as exc:
+                # An error may say what to keep of the group (a judge's figures: rewards.ruler.JudgeError).
                 g = TrajectoryGroup(trajectories=[], exceptions=g.exceptions + [_describe(exc)] * len(g.trajectories),
-                                    metadata=g.metadata)
+                                    metadata={**g.metadata, **getattr(exc, "group_metadata", {})})
         if bar:
             bar.record(g)
         return g

@@ -61,6 +61,7 @@ class TrainableModel:
                             lora=LoraSettings.model_validate(lora or {}))
         self.server_url: str | None = None
         self.api_key: str | None = None
+        self.base_model: str | None = base_model
         self.step = 0
         seconds = retry_seconds if retry_seconds is not None else float(
             os.environ.get("ARTISAN_RETRY_SECONDS", DEFAULT_RETRY_SECONDS))
@@ -114,6 +115,7 @@ class TrainableModel:
         info = await self.request("POST", "/v1/runs", retry=FIRST_CONTACT_RETRY,
                                   json=self.spec.model_dump(mode="json"))
         self.step = info["step"]
+        self.base_model = info.get("base_model") or self.base_model  # the server's: a judge that does not drift
         return self
 
     def openai_client(self, **kw: Any) -> AsyncOpenAI:

@@ -183,6 +183,21 @@ def plot(history: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path)
 MAX_UNSOLVED_DRAWS = 64  # A*-PO: prompts in a row no reference sample solved before the run stops
 
 
+def judge_figures(groups: list[TrajectoryGroup]) -> dict[str, int] | None:
+    """A step's judge calls, summed over its groups (rewards.ruler puts them in each group's
+    metadata, judged, failed or skipped): judgments made, failed, skipped (nothing to compare),
+    attempts, malformed replies."""
+    found = [g.metadata["ruler"] for g in groups if isinstance(g.metadata.get("ruler"), dict)]
+    if not found:
+        return None
+    return {name: sum(int(f.get(name, 0)) for f in found) for name in ("judged", "failed", "skipped", "attempts", "malformed")}
+
+
+def judge_line(figures: dict[str, int]) -> str:
+    return (f"  judge: {figures['judged']} groups judged, {figures['failed']} failed, {figures['skipped']} with nothing "
+            f"to compare; {figures['malformed']} malformed replies in {figures['attempts']} calls")
+
+
 def step_line(result: TrainResult, extra: str = "") -> str:
     m = result.metrics
     gap = "None" if m.logprob_gap is None else f"{m.logprob_gap:.1e}"
@@ -222,16 +237,34 @@ class Summary:
             if same else []
         self.seconds_before = previous.get("seconds", 0.0) if same else 0.0
 
+    def judge_totals(self) -> dict[str, int] | None:
+        """The judge's figures over every training attempt (see judge_figures)."""
+        steps = [h["judge"] for h in self.history if h.get("judge")]
+        return {k: sum(j.get(k, 0) for j in steps) for k in steps[0]} if steps else None
+
     def write(self, stopped: dict[str, Any] | None = None) -> dict[str, Any]:
         """`stopped`: why the loop gave up before its last step (cause and message), if it did."""
         summary = {"run": self.run, "eval_reward_before": self.evals[0]["reward"],
                    "eval_reward_after": self.evals[-1]["reward"],
                    "steps": self.history[-1]["step"] if self.history else self.evals[-1]["step"],
                    "seconds": self.seconds_before + time.time() - self.started,
+                   **({"judge": judge} if (judge := self.judge_totals()) else {}),
                    **({"stopped": stopped} if stopped else {}),
                    "evals": self.evals, "history": self.history}
         self.path.write_text(json.dumps(summary, indent=2))
         return summary
+
+
+def group_hook(cfg: LoopConfig, example: Example, model: TrainableModel):
+    """What scores a training group after its rollouts: RULER alone with `--reward ruler`, else the
+    example's own group scorer (with `--judge`, or art-server's base model as the judge), if it has one."""
+    from rewards.ruler import JudgeConfig, ruler_hook
+
+    if cfg.reward == "ruler":
+        return ruler_hook(cfg.judge)
+    judge = JudgeConfig.parse(cfg.judge) if cfg.judge else None if model.base_model is None else \
+        JudgeConfig(model=model.base_model, base_url=cfg.server.rstrip("/") + "/v1", api_key=cfg.api_key, backend="openai")
+    return example.group_scorer(judge)
 
 
 async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[str, Any]:
@@ -240,13 +273,8 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
     for key, value in cfg.rollout_overrides.items():
         if value is not None:
             setattr(example.settings, key, value)
-    hook = None
-    if cfg.reward == "ruler":
-        if not cfg.judge:
-            raise ConfigError("--reward ruler needs --judge (a litellm model or http://host/v1#model)")
-        from rewards.ruler import ruler_hook
-
-        hook = ruler_hook(cfg.judge)
+    if cfg.reward == "ruler" and not cfg.judge:
+        raise ConfigError("--reward ruler needs --judge (a litellm model or http://host/v1#model)")
     apo = cfg.train.baseline == "given"
     if apo and cfg.reward == "ruler":
         raise ConfigError("A*-PO (--loss apo) needs an absolute reward for V*(x); RULER ranks a group against "
@@ -258,6 +286,7 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
     example.level = cfg.start_level
     model = await TrainableModel(cfg.run, project=cfg.project, retry_seconds=cfg.retry_seconds).register(
         cfg.server, cfg.api_key)
+    hook = group_hook(cfg, example, model)
     cfg.out.mkdir(parents=True, exist_ok=True)
     held_out = example.eval_tasks()[: cfg.eval_tasks]  # the starting level's: before and after compare
     rng, drawn = random.Random(cfg.seed), []
@@ -362,6 +391,10 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
                     attempt["level_after"] = example.level
                 if values is not None:
                     attempt.update(values.figures())
+                judged = judge_figures(outcome.groups)
+                if judged:
+                    attempt["judge"] = judged
+                    print(judge_line(judged), flush=True)
                 attempt["wall_seconds"] = time.time() - summary.started
                 summary.history.append(attempt)
                 patience.record(attempt)
@@ -449,7 +482,8 @@ def main(
                           rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens,
                                              "temperature": temperature})
         summary = asyncio.run(train_loop(cfg))
-        print(json.dumps({k: summary[k] for k in ("eval_reward_before", "eval_reward_after", "steps", "seconds")}))
+        print(json.dumps({k: summary[k] for k in ("eval_reward_before", "eval_reward_after", "steps", "seconds", "judge")
+                          if k in summary}))
 
 
 def loop_config(**options: Any) -> LoopConfig:

@@ -80,10 +80,15 @@ Give exactly one entry for each of these trajectory ids: {ids}."""
 class JudgeError(Exception):
     """The judge could not produce a valid verdict (unreachable, or invalid replies to the end)."""
 
-    def __init__(self, message: str, *, attempts: int = 0, model: str = "") -> None:
+    def __init__(self, message: str, *, attempts: int = 0, model: str = "", malformed: int = 0) -> None:
         super().__init__(message)
         self.attempts = attempts
         self.model = model
+        self.malformed = malformed  # of the attempts, replies that came back but were no valid verdict
+        # What the gather keeps of the failed group (client/gather.py): the judge's figures, so a
+        # step can count malformed replies of the judgments that failed too.
+        self.group_metadata = {"ruler": {"judged": 0, "failed": 1, "skipped": 0, "attempts": attempts,
+                                         "malformed": malformed}}
 
 
 class JudgeConfig(BaseModel):
@@ -386,6 +391,7 @@ def _is_transient(exc: BaseException) -> bool:
 @dataclass
 class _Usage:
     attempts: int = 0
+    malformed: int = 0  # replies that came back but did not parse as a verdict for every id
     latency_s: float = 0.0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -504,6 +510,7 @@ async def _judge(
         try:
             return parse_reply(text, prompt.ids)
         except _InvalidReply as exc:
+            usage.malformed += 1
             # Show the judge its own reply and what was wrong; only the latest mistake matters.
             feedback = [
                 {"role": "assistant", "content": shorten(text or "", 4000)},
@@ -519,9 +526,11 @@ async def _judge(
     except Exception as exc:
         what = str(exc) or type(exc).__name__
         raise JudgeError(
-            f"RULER judge {judge.model!r} gave no valid verdict after {usage.attempts} attempt(s): {what}",
+            f"RULER judge {judge.model!r} gave no valid verdict after {usage.attempts} attempt(s) "
+            f"({usage.malformed} malformed): {what}",
             attempts=usage.attempts,
             model=judge.model,
+            malformed=usage.malformed,
         ) from exc
     return scores, usage
 
@@ -534,6 +543,7 @@ def _skip(group: TrajectoryGroup, reason: str) -> TrajectoryGroup:
     out = group.model_copy(deep=True)
     for traj in out.trajectories:
         traj.logs.append(f"RULER: not judged ({reason})")
+    out.metadata["ruler"] = {"judged": 0, "failed": 0, "skipped": 1, "attempts": 0, "malformed": 0}
     return out
 
 
@@ -555,8 +565,10 @@ async def score_group(
     Each trajectory gets ``metrics["independent_reward"]`` (its reward before), ``metrics["ruler_score"]``,
     the judge's explanation in ``logs`` and ``reward = weight * ruler_score + (1 - weight) * independent``.
     The ``ruler_*`` call figures (latency_s, prompt/completion tokens, cost_usd when litellm knows the
-    price, attempts) describe the one judge call of the whole group, repeated on each trajectory: sum
-    them over groups, not over trajectories.
+    price, attempts, malformed replies) describe the one judge call of the whole group, repeated on
+    each trajectory: sum them over groups, not over trajectories. The group's ``metadata["ruler"]``
+    counts the judgment once (judged, or skipped with nothing to compare; attempts; malformed
+    replies), and a :class:`JudgeError` carries the same for a judgment that failed (``group_metadata``).
 
     ``max_retries`` is the number of retries after the first attempt (invalid replies and transient
     errors alike); then :class:`JudgeError` is raised.
@@ -586,6 +598,7 @@ async def score_group(
             "ruler_score": verdict.score,
             "ruler_latency_s": usage.latency_s,
             "ruler_attempts": usage.attempts,
+            "ruler_malformed": usage.malformed,
             "ruler_unique_trajectories": len(prompt.ids),
         })
         for name in ("prompt_tokens", "completion_tokens", "cost_usd"):
@@ -593,6 +606,8 @@ async def score_group(
                 traj.metrics[f"ruler_{name}"] = getattr(usage, name)
         traj.reward = weight * verdict.score + (1.0 - weight) * independent
         traj.logs.append(f"RULER [{tid}] score={verdict.score:.3f} (judge {config.model}): {verdict.explanation or ''}")
+    out.metadata["ruler"] = {"judged": 1, "failed": 0, "skipped": 0, "attempts": usage.attempts,
+                             "malformed": usage.malformed}
     return out
 
 

@@ -86,7 +86,10 @@ async def _complete(client: AsyncOpenAI, model: str, messages: list[Message], en
         response = await retry.call(lambda: client.chat.completions.create(
             model=model, messages=messages, tools=env.tools or openai.NOT_GIVEN,
             max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
-            seed=openai.NOT_GIVEN if settings.seed is None else settings.seed))
+            seed=openai.NOT_GIVEN if settings.seed is None else settings.seed,
+            tool_choice=settings.tool_choice if settings.tool_choice is not None and env.tools else openai.NOT_GIVEN,
+            parallel_tool_calls=openai.NOT_GIVEN if settings.parallel_tool_calls is None or not env.tools
+            else settings.parallel_tool_calls))
     except openai.BadRequestError as exc:
         if _is_context_overflow(exc):
             raise ContextOverflow() from exc
@@ -103,7 +106,7 @@ async def _act(choice: Choice, env: Environment, traj: Trajectory) -> StopReason
         result = await _run_tool(env, call.function.name, call.function.arguments)
         traj.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": tool_content(result)})
     if calls:
-        return None
+        return StopReason.ANSWERED if env.finished() else None
     if malformed_tool_call(choice):
         return StopReason.MALFORMED_TOOL_CALL
     reply = await env.user_reply(traj.messages())

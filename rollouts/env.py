@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel, Field
 
@@ -50,6 +50,11 @@ class Environment(abc.ABC):
         """Run one tool call. Return a string or anything JSON-serialisable; raise ToolError for
         a call the tool rejects. Any other exception is an infrastructure failure."""
 
+    def finished(self) -> bool:
+        """True once a tool call has ended the episode (a final-answer tool, say): the agent loop
+        then stops after that turn's tool results instead of asking the model again."""
+        return False
+
     async def user_reply(self, messages: list[Message]) -> str | None:
         """The simulated user's next message after an assistant answer, or None when the
         conversation is over. The default has no simulated user: the first answer ends it."""
@@ -69,6 +74,11 @@ class RolloutSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None  # server-side sampling seed, for reproducible rollouts in tests
+    # OpenAI's tool_choice ("auto", "required", or a named function); None sends none. "required"
+    # makes every turn a tool call (art-server and vLLM decode it constrained), for an agent whose
+    # episode ends with an answer tool.
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # False: at most one tool call per turn; None sends none
 
 
 @dataclass
@@ -93,3 +103,11 @@ class Example(abc.ABC):
 
     @abc.abstractmethod
     def make_env(self, task: Task) -> Environment: ...
+
+    def group_scorer(self, judge: Any) -> Callable[[Any], Awaitable[Any]] | None:
+        """A hook that scores each training group once its rollouts are done (a TrajectoryGroup in,
+        the scored group out), for an example whose reward compares a group's rollouts, such as a
+        RULER judge's; None (the default): each rollout's environment reward alone. `judge` is the
+        judge `client.train` was given, or else art-server's base model (a rewards.ruler.JudgeConfig).
+        Held-out evaluation runs groups of one and keeps the environment's reward."""
+        return None

@@ -267,6 +267,9 @@ def test_invalid_reply_is_retried(bad, judge_server):
     assert len(judge_server.requests) == 2
     retry = judge_server.requests[1]["messages"]
     assert retry[-1]["role"] == "user" and "That reply was invalid" in retry[-1]["content"]
+    # the bad reply is counted as the judge's malformed answer, on each trajectory and the group
+    assert out.trajectories[0].metrics["ruler_malformed"] == 1
+    assert out.metadata["ruler"] == {"judged": 1, "failed": 0, "skipped": 0, "attempts": 2, "malformed": 1}
 
 
 def test_code_fences_are_tolerated(judge, judge_server):
@@ -293,7 +296,8 @@ def test_never_valid_raises_and_gather_records_exception(judge, judge_server):
     judge_server.then(*[_reply({"t1": 0.5})] * 4)
     with pytest.raises(JudgeError, match=r"after 4 attempt\(s\).*missing ids t2") as info:
         score(group, judge, max_retries=3)
-    assert info.value.attempts == 4
+    assert info.value.attempts == 4 and info.value.malformed == 4
+    assert "(4 malformed)" in str(info.value)
     assert len(judge_server.requests) == 4
 
     judge_server.reset()
@@ -302,6 +306,28 @@ def test_never_valid_raises_and_gather_records_exception(judge, judge_server):
     assert gathered.trajectories == []  # never zero rewards
     assert len(gathered.exceptions) == 2 and all(e.startswith("JudgeError:") for e in gathered.exceptions)
     assert gathered.metadata == {"task": "order-A17"}
+
+
+def test_a_failed_judgment_keeps_its_figures_in_the_gathered_group(judge_server):
+    from client import gather_trajectory_groups
+
+    judge_server.then(_reply({"t1": 0.5}), {"status": 503, "body": {"error": {"message": "overloaded"}}})
+
+    async def done(t):
+        return t
+
+    group = _group("a", "b")
+    out = asyncio.run(gather_trajectory_groups(
+        [[done(t) for t in group.trajectories]], max_exceptions=1.0, progress=False,
+        after_each=ruler_hook(_openai_judge(judge_server), max_retries=1, backoff_s=0.0)))
+    assert out[0].trajectories == [] and len(out[0].exceptions) == 2
+    assert out[0].metadata["ruler"] == {"judged": 0, "failed": 1, "skipped": 0, "attempts": 2, "malformed": 1}
+
+
+def test_a_group_with_nothing_to_compare_is_counted_as_skipped(judge_server):
+    out = score(_group("same", "same"), _openai_judge(judge_server))
+    assert judge_server.requests == []
+    assert out.metadata["ruler"]["skipped"] == 1
 
 
 def test_hook_scores_group(judge, judge_server):
@@ -315,6 +341,7 @@ def test_transient_http_error_is_retried(judge, judge_server):
     out = score(_group("a", "b"), judge)
     assert [t.reward for t in out.trajectories] == [0.1, 0.2]
     assert out.trajectories[0].metrics["ruler_attempts"] == 2
+    assert out.trajectories[0].metrics["ruler_malformed"] == 0  # an outage is not a malformed answer
 
 
 def test_auth_error_is_not_retried(judge, judge_server):
@@ -388,7 +415,9 @@ def test_metadata_exceptions_and_fields_preserved(judge, judge_server):
     group.trajectories[0].logs.append("rollout log")
     judge_server.then(_reply({"t1": 0.5, "t2": 0.6}))
     out = score(group, judge)
-    assert out.metadata == {"task": "order-A17", "split": "train"}
+    # the group's own metadata kept, the judgment's figures added beside it
+    assert out.metadata == {"task": "order-A17", "split": "train",
+                            "ruler": {"judged": 1, "failed": 0, "skipped": 0, "attempts": 1, "malformed": 0}}
     assert out.exceptions == ["TimeoutError: tool backend"]
     first = out.trajectories[0]
     assert first.metadata == {"seed": 7} and first.metrics["turns"] == 3
