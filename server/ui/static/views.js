@@ -57,7 +57,7 @@ export async function runView(name, query) {
 // (protocol/domains.py) as one plot with a line per domain.
 function domainPlots(steps) {
   const names = [...new Set(steps.flatMap(s => Object.keys(s.metrics.domains || {})))].sort();
-  if (!names.length) return "";
+  if (!names.length) return null;
   const keys = [...new Set(steps.flatMap(s => Object.values(s.metrics.domains || {}).flatMap(Object.keys)))].sort();
   const series = key => names.map(d => ({ name: d, points: steps.map(s => ({ x: s.step, y: s.metrics.domains?.[d]?.[key] })) }));
   return h("section", { id: "domains" }, h("h2", {}, `By domain (${names.join(", ")})`),
