@@ -38,9 +38,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from client.errors import ConfigError
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm loads: no network fetch
 
-from loguru import logger  # noqa: E402
+try:
+    from loguru import logger
+    import tau2  # noqa: F401
+except ModuleNotFoundError:
+    raise ConfigError("--example tau2 needs tau2-bench beside the client: pip install -e '.[tau2]' "
+                      "(`make test-tau2` builds .venv-tau2 with it)") from None
 
 # tau2 logs every simulation step (and its registry on import) through loguru; its own CLI shows
 # errors only.
@@ -55,7 +62,6 @@ from tau2.registry import registry  # noqa: E402
 from tau2.run import get_tasks, load_task_splits  # noqa: E402
 from tau2.utils.utils import get_now  # noqa: E402
 
-from client.errors import ConfigError  # noqa: E402
 from examples.tau2.agent import AgentEnded, ArtisanAgent, ArtisanUser, UserSimulatorError  # noqa: E402
 from protocol.choices import as_message  # noqa: E402
 from protocol.domains import DOMAIN_KEY  # noqa: E402
