@@ -104,6 +104,9 @@ class Tau2Example(Example):
     train_split: str = "train"
     eval_split: str = "test"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Seconds one agent turn may take: tau2's prompts are 5-8k tokens, and a request that times out
+    # is sent again while the first still waits in the server's queue.
+    turn_timeout: float = 900.0
 
     def __post_init__(self) -> None:
         known = [d for d in registry.get_domains() if load_task_splits(d)]
@@ -154,6 +157,7 @@ class Tau2Example(Example):
 
     async def rollout(self, client: Any, model: str, task: Task) -> Trajectory:
         loop = asyncio.get_running_loop()
+        client = client.with_options(timeout=self.turn_timeout)
         if self._pool is None:  # one thread per running episode: tau2's orchestrator blocks
             self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="tau2")
         for split in (self.train_split, self.eval_split):
