@@ -141,7 +141,7 @@ class Tau2Example(Example):
         """The user simulator's litellm model and arguments; by default art-server's base model (the
         first name /v1/models lists), never a run's adapter."""
         if self._user is None:
-            args: dict[str, Any] = {"temperature": self.user_temperature}
+            args: dict[str, Any] = {"temperature": self.user_temperature, "timeout": self.turn_timeout}
             if self.user_max_tokens:
                 args["max_tokens"] = self.user_max_tokens
             if self.user_model:
