@@ -131,6 +131,8 @@ $(TAU2_STAMP): pyproject.toml Makefile
 	! $(TAU2_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(TAU2_STAMP)
 
+# tests/tau2_env: SmolLM2 as agent and user on two tasks of each domain, then a step; every agent turn
+# prefills 5-8k tokens, so on 2 CPU cores this takes half an hour or more (not in .ci/run).
 test-tau2: install $(TAU2_STAMP)
 	$(TAU2_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/tau2_env
 
