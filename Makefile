@@ -132,7 +132,7 @@ $(TAU2_STAMP): pyproject.toml Makefile
 	touch $(TAU2_STAMP)
 
 # tests/tau2_env: SmolLM2 as agent and user on two tasks of each domain, then a step; every agent turn
-# prefills 5-8k tokens, so on 2 CPU cores this takes half an hour or more (not in .ci/run).
+# prefills 5-8k tokens, so on 2 CPU cores it took 24 minutes (under other load; not in .ci/run).
 test-tau2: install $(TAU2_STAMP)
 	$(TAU2_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/tau2_env
 
