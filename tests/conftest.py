@@ -12,11 +12,12 @@ from client.local_server import ROOT, LocalServer, free_port  # noqa: F401  (fre
 
 # ART's client lives in an environment of its own (`make test-art`); the main suite leaves it out.
 # vLLM runs from an environment of its own too (`make test-vllm` names its Python), and so do
-# verifiers and reasoning-gym (`make test-verifiers`).
+# verifiers and reasoning-gym (`make test-verifiers`), and tau2-bench (`make test-tau2`).
 # The SmolLM2 learning regression test trains for minutes: `make test-learn` runs it on its own.
 collect_ignore = ([] if importlib.util.find_spec("art") else ["art_client"]) + \
     ([] if os.environ.get("ARTISAN_VLLM_PYTHON") else ["vllm_engine"]) + \
     ([] if importlib.util.find_spec("verifiers") else ["verifiers_env"]) + \
+    ([] if importlib.util.find_spec("tau2") else ["tau2_env"]) + \
     ([] if os.environ.get("ARTISAN_LEARNING_TESTS") else ["learning"])
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -33,6 +33,7 @@ RUN = "ui-demo"
 TRAIN_REWARDS = [[[0.0, 0.5, 1.0, 0.25], [1.0, 0.0, 0.0, 0.75]],
                  [[0.1, 0.9, 0.4, 0.6], [0.3, 0.3, 0.3, 0.3]]]
 EVAL_REWARDS = [[0.2, 0.8, 0.6]]
+DOMAINS = ("retail", "airline")  # the two groups of each step
 FLAT = "ui-flat"  # a run that never learns: every attempt trains nothing
 
 
@@ -45,6 +46,8 @@ def trained(tmp_path_factory) -> str:
         model = await TrainableModel(RUN, project="ui").register(srv.url, api_key=KEY)
         for i, rewards in enumerate(TRAIN_REWARDS):
             groups = _with_rewards(await _groups(model, 2, 4, seed=10 + i), rewards)
+            for g, domain in zip(groups, DOMAINS):  # a run over two task families
+                g.metadata["domain"] = domain
             result = await model.train(groups)
             assert result.trained and result.step == i + 1
         await model.log([await _eval_group(model, EVAL_REWARDS[0])], split="val")
@@ -179,6 +182,13 @@ def test_runs_list_and_run_page_plots(page: Page, trained):
         assert all(math.isfinite(float(pts.nth(i).get_attribute("cy"))) for i in range(2)), metric
     dropped = page.locator('figure[data-metric="groups_dropped_constant"] circle.pt')
     assert [dropped.nth(i).get_attribute("data-y") for i in range(2)] == ["0", "1"]
+    # per domain: a line per domain in each of the figures the steps report for it
+    by_domain = page.locator('#domains figure[data-metric="domains.reward_mean"]')
+    for d, domain in enumerate(DOMAINS):
+        pts = by_domain.locator(f'g[data-series="{domain}"] circle.pt')
+        assert [float(pts.nth(i).get_attribute("data-y")) for i in range(2)] == \
+            pytest.approx([sum(step[d]) / 4 for step in TRAIN_REWARDS])
+    assert page.locator('#domains figure[data-metric="domains.excluded"] circle.pt').count() == 4
     # each step's warnings, as the server reported them
     steps = _api(trained, f"/v1/runs/{RUN}")["steps"]
     for s in steps:

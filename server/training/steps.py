@@ -20,6 +20,7 @@ import torch
 
 from protocol.choices import choice_token_ids
 from protocol.config import SFTConfig, TrainConfig
+from protocol.domains import domain_figures
 from protocol.jobs import RLJob, SFTJob
 from protocol.metrics import StepMetrics
 from protocol.staleness import sampled_step, split_by_staleness, staleness
@@ -95,7 +96,7 @@ def advantages_for(g: TrajectoryGroup, cfg: TrainConfig) -> GroupAdvantages:
 def submission_figures(groups: list[TrajectoryGroup]) -> StepMetrics:
     rewards = [t.reward for g in groups for t in g.trajectories]
     mean = sum(rewards) / len(rewards) if rewards else None
-    return StepMetrics(groups_total=len(groups), trajectories_total=len(rewards),
+    return StepMetrics(groups_total=len(groups), trajectories_total=len(rewards), domains=domain_figures(groups),
                        trajectories_excluded=sum(len(g.exceptions) for g in groups), reward_mean=mean,
                        reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None)
 

@@ -49,9 +49,21 @@ export async function runView(name, query) {
     h("h2", {}, "Step attempts"), attemptsTable(run.name, attempts.data),
     h("h2", {}, "Training health"),
     h("div", { class: "plots" }, HEALTH.map(([key, label]) => linePlot(label, [{ name: key, points: metric(key) }], { metric: key }))),
+    domainPlots(run.steps),
     h("h2", {}, "Steps"), stepsTable(run),
     h("h2", {}, "Trajectories"), filterForm(run, filters), await trajectoryList(run.name, filters));
   return { title: run.name, crumbs: [[run.name, `/run/${enc(run.name)}`]], node };
+}
+
+// A run over several task families (tau2-bench's domains): each figure of the step's `domains`
+// (protocol/domains.py) as one plot with a line per domain.
+function domainPlots(steps) {
+  const names = [...new Set(steps.flatMap(s => Object.keys(s.metrics.domains || {})))].sort();
+  if (!names.length) return null;
+  const keys = [...new Set(steps.flatMap(s => Object.values(s.metrics.domains || {}).flatMap(Object.keys)))].sort();
+  const series = key => names.map(d => ({ name: d, points: steps.map(s => ({ x: s.step, y: s.metrics.domains?.[d]?.[key] })) }));
+  return h("section", { id: "domains" }, h("h2", {}, `By domain (${names.join(", ")})`),
+    h("div", { class: "plots" }, keys.map(key => linePlot(key, series(key), { metric: `domains.${key}` }))));
 }
 
 function stepsTable(run) {
