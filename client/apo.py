@@ -10,7 +10,8 @@ beta_2 * log pi/pi_ref on r - V*(x) (the server's loss "apo", baseline "given").
 
 What went wrong in the seed post-mortem is made visible here rather than trained on: a reference
 sample that failed for infrastructure reasons is excluded from V* and counted (never a reward of
-0); a prompt whose every reference sample failed has no value and is not trained; a prompt no
+0); a prompt whose every reference sample failed has no value, is not kept, and its draw counts as
+failed rollouts (an outage is not the prompt's fault); a prompt no
 reference sample solved (every reward <= 0: new_ragen's "all V* negative, no positive signal")
 is skipped by default (as the paper's code and TRL's A2PO filter all-incorrect prompts) and
 counted, and a run whose draws are all such prompts stops with an error that says so.
@@ -48,6 +49,7 @@ class ValueEstimate:
     value: float | None  # None: every reference sample failed (no reward to estimate from)
     rewards: tuple[float, ...]
     failed: int  # reference samples that raised (infrastructure), excluded
+    errors: tuple[str, ...] = ()  # what they raised
 
     @property
     def usable(self) -> bool:
@@ -68,6 +70,7 @@ class ValueTable:
     skip_unsolved: bool = True
     estimates: dict[str, ValueEstimate] = field(default_factory=dict)
     skipped_unsolved: int = 0  # draws of a prompt no reference sample solved
+    failed_estimates: int = 0  # estimates whose every reference sample failed (not kept)
     _pending: dict[str, asyncio.Future] = field(default_factory=dict)
 
     async def get(self, key: str, sample: SampleReference) -> ValueEstimate:
@@ -81,8 +84,13 @@ class ValueTable:
         group = await sample(self.samples)
         rewards = tuple(t.reward for t in group.trajectories)
         est = ValueEstimate(optimal_value(list(rewards), self.beta) if rewards else None, rewards,
-                            len(group.exceptions))
-        self.estimates[key] = est
+                            len(group.exceptions), tuple(group.exceptions))
+        # Without a value the failure was the infrastructure's (an outage, a restart), not the
+        # prompt's: it is estimated again the next time it is drawn.
+        if est.usable:
+            self.estimates[key] = est
+        else:
+            self.failed_estimates += 1
         self._pending.pop(key, None)
         return est
 
@@ -101,7 +109,7 @@ class ValueTable:
         return {"value_prompts": len(ests),
                 "value_samples": sum(len(e.rewards) + e.failed for e in ests),
                 "value_samples_failed": sum(e.failed for e in ests),
-                "value_prompts_without_value": sum(not e.usable for e in ests),
+                "value_estimates_failed": self.failed_estimates,
                 "value_prompts_unsolved": sum(e.usable and not solved(list(e.rewards)) for e in ests),
                 "value_draws_skipped_unsolved": self.skipped_unsolved,
                 "value_estimated_mean": sum(values) / len(values) if values else None}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -23,11 +24,12 @@ import pkgutil
 import random
 import re
 import time
+import typing
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import typer
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from client.apo import NothingToRegress, ValueTable
 from client.curriculum import Curriculum, next_level, success_rate
@@ -128,11 +130,35 @@ def load_example(name: str, **kwargs: Any) -> Example:
                               + (f"; --example {name} takes {', '.join(offered)}" if offered else
                                  f" (--example {name} takes none of its own)"))
     try:
-        return module.make_example(**kwargs)
+        return module.make_example(**typed_options(module.make_example, kwargs))
     except TypeError as exc:  # make_example(**kwargs) passing them on to a constructor that refuses one
         if kwargs and "unexpected keyword argument" in str(exc):
             raise ConfigError(f"--example {name}: {exc}") from None
         raise
+
+
+def typed_options(make_example: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` as the example declares them, by make_example's parameters or, for the ones it
+    passes on (`**kwargs`), by the fields of the dataclass it returns: the command line gives
+    strings ("0.3", "8"). An option declared nowhere is passed as it is."""
+    try:
+        hints = typing.get_type_hints(make_example)
+        made = hints.pop("return", None)
+        declared = typing.get_type_hints(made) if dataclasses.is_dataclass(made) else {}
+    except (NameError, TypeError):  # annotations that do not resolve: nothing to convert by
+        return options
+    declared.update({k: v for k, v in hints.items()
+                     if inspect.signature(make_example).parameters[k].kind is not inspect.Parameter.VAR_KEYWORD})
+    out = {}
+    for key, value in options.items():
+        if key not in declared:
+            out[key] = value
+            continue
+        try:
+            out[key] = TypeAdapter(declared[key]).validate_python(value)
+        except ValidationError as exc:
+            raise ConfigError(f"--{key.replace('_', '-')} {value!r}: {exc.errors()[0]['msg']}") from None
+    return out
 
 
 def example_options(args: list[str]) -> dict[str, Any]:
@@ -335,9 +361,6 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
     if cfg.reward == "ruler" and not cfg.judge:
         raise ConfigError("--reward ruler needs --judge (a litellm model or http://host/v1#model)")
     apo = cfg.train.baseline == "given"
-    if apo and cfg.reward == "ruler":
-        raise ConfigError("A*-PO (--loss apo) needs an absolute reward for V*(x); RULER ranks a group against "
-                          "itself: use --reward env")
     if cfg.start_level >= example.levels() or (cfg.curriculum and example.levels() < 2):
         raise ConfigError(f"example {example.name!r} has {example.levels()} difficulty level(s): "
                           + ("--curriculum needs two or more" if cfg.curriculum else
@@ -346,6 +369,10 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
     model = await TrainableModel(cfg.run, project=cfg.project, retry_seconds=cfg.retry_seconds).register(
         cfg.server, cfg.api_key)
     hook = group_hook(cfg, example, model)
+    if apo and hook is not None:
+        raise ConfigError("A*-PO (--loss apo) needs an absolute reward for V*(x), and this run's groups are scored by "
+                          "a judge that ranks a group against itself (--reward ruler, or the example's own): use "
+                          "--reward env and an example without a group judge")
     cfg.out.mkdir(parents=True, exist_ok=True)
     held_out = example.eval_tasks()[: cfg.eval_tasks]  # the starting level's: before and after compare
     rng, drawn = random.Random(cfg.seed), []
@@ -374,8 +401,9 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
         """TinyZero's rule: the current level's held-out success, and one level up past the threshold."""
         cur = cfg.curriculum
         tasks = example.eval_tasks()[: cur.eval_tasks]
+        # The step has trained: a check whose rollouts all failed measures nothing and moves nothing.
         groups = await run_groups(model, example, tasks, 1, progress=cfg.progress, description="level check",
-                                  policy=f"{model.name}@{step}")
+                                  policy=f"{model.name}@{step}", max_exceptions=1.0)
         success = success_rate([t.reward for g in groups for t in g.trajectories], cur.success_at)
         level = next_level(example.level, success, cur.threshold, example.levels())
         print(f"curriculum @ step {step}: level {example.level} held-out success "
@@ -396,6 +424,8 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
             for _ in range(MAX_UNSOLVED_DRAWS):
                 key = f"{task.metadata.get('level', 0)}/{task.id}"
                 est = await values.get(key, lambda n, t=task: _one_group(model, example, t, n, reference))
+                if not est.usable:  # every reference sample failed: this draw's rollouts failed
+                    return TrajectoryGroup(exceptions=list(est.errors), metadata=dict(task.metadata))
                 if values.trainable(est):
                     value = est.value
                     break
@@ -407,8 +437,9 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
                                   policy=policy, max_exceptions=1.0)
         group = groups[0]
         group.value = value
-        for t in group.trajectories:
-            t.metrics["curriculum_level"] = task.metadata.get("level", example.level)
+        if cfg.curriculum:
+            for t in group.trajectories:
+                t.metrics["curriculum_level"] = task.metadata.get("level", example.level)
         return group
 
     if not summary.evals:
@@ -514,7 +545,9 @@ def main(
     seed: int = typer.Option(0),
     out: Path = typer.Option(Path("out/train")),
     reward: str = typer.Option("env", help="env (the environment's reward) or ruler (an LLM judge ranks each group)"),
-    judge: str = typer.Option(None, help="For --reward ruler: a litellm model string or http://host:port/v1#model"),
+    judge: str = typer.Option(None, help="The judge of --reward ruler, or of an example that judges its groups (default "
+                                                 "there: art-server's base model): a litellm model string or "
+                                                 "http://host:port/v1#model"),
     max_turns: int = typer.Option(None, help="Override the example's turns per rollout."),
     max_tokens: int = typer.Option(None, help="Override the example's tokens per model turn."),
     temperature: float = typer.Option(None, help="Override the example's sampling temperature."),

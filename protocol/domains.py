@@ -2,8 +2,9 @@
 retail, airline and telecom): a mean over the whole batch hides the domain that does not learn.
 
 A group's domain is its `metadata["domain"]` (client.train sets it from the task), else the one
-domain its trajectories' metadata name. Per domain: how many rollouts were trained on and how many
-failed (excluded, by the exception's type, so a flaky user simulator shows as itself), their mean
+domain its trajectories' metadata name. Per domain, over the rollouts submitted (before groups
+without signal or too stale are dropped, so a domain whose groups all dropped still shows): how
+many there were and how many failed (excluded, by the exception's type, so a flaky user simulator shows as itself), their mean
 reward, and the mean of every trajectory metric that all of the domain's trajectories report (a
 metric some trajectories lack, such as a stop-reason flag, has no mean that means anything).
 """
@@ -27,8 +28,8 @@ def group_domain(group: TrajectoryGroup) -> str | None:
     named = group.metadata.get(DOMAIN_KEY)
     if named is not None:
         return str(named)
-    found = {t.metadata.get(DOMAIN_KEY) for t in group.trajectories}
-    return str(found.pop()) if len(found) == 1 and None not in found else None
+    found = {None if (d := t.metadata.get(DOMAIN_KEY)) is None else str(d) for t in group.trajectories}
+    return found.pop() if len(found) == 1 and None not in found else None
 
 
 def exception_kind(exception: str) -> str:

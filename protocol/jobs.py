@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from protocol.config import SFTConfig, TrainConfig
 from protocol.metrics import StepMetrics
-from protocol.trajectory import Conversation, TrajectoryGroup
+from protocol.trajectory import MAX_ABS_REWARD, Conversation, TrajectoryGroup
 
 IDEMPOTENCY_KEY = r"^[A-Za-z0-9_.:-]{1,200}$"
 SESSION_ID = r"^[A-Za-z0-9_.:-]{1,128}$"  # chosen by the client; it goes in a URL path
@@ -75,7 +75,7 @@ class ScoredSession(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     session_id: str = Field(pattern=SESSION_ID)
-    reward: float = Field(allow_inf_nan=False)
+    reward: float = Field(allow_inf_nan=False, ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD)  # as Trajectory.reward
     metrics: dict[str, float | int | bool | None] = Field(default_factory=dict)
 
 
@@ -86,7 +86,8 @@ class SessionGroup(BaseModel):
 
     sessions: list[ScoredSession] = Field(max_length=10_000)
     exceptions: list[str] = Field(default_factory=list)
-    value: float | None = Field(default=None, allow_inf_nan=False)  # as TrajectoryGroup.value
+    value: float | None = Field(default=None, allow_inf_nan=False, ge=-MAX_ABS_REWARD,
+                                le=MAX_ABS_REWARD)  # as TrajectoryGroup.value
 
 
 class SessionJob(BaseModel):

@@ -37,7 +37,7 @@ class StepMetrics(BaseModel):
     value_mean: float | None = None  # mean given value over the trained groups
     advantage_mean: float | None = None  # over the trained trajectories
     advantage_positive_fraction: float | None = None  # 0: no sample beat its baseline
-    # Per domain of a batch that mixes task families (protocol/domains.py): rollouts trained on and
+    # Per domain of a batch that mixes task families (protocol/domains.py): rollouts submitted and
     # excluded, mean reward, and the mean of each trajectory metric its trajectories all report.
     domains: dict[str, dict[str, float | int | None]] = Field(default_factory=dict)
     conversations: int | None = None  # SFT

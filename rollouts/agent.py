@@ -90,8 +90,8 @@ async def complete(client: AsyncOpenAI, model: str, messages: list[Message], too
             model=model, messages=messages, tools=tools or openai.NOT_GIVEN,
             max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
             seed=openai.NOT_GIVEN if settings.seed is None else settings.seed,
-            tool_choice=settings.tool_choice if settings.tool_choice is not None and env.tools else openai.NOT_GIVEN,
-            parallel_tool_calls=openai.NOT_GIVEN if settings.parallel_tool_calls is None or not env.tools
+            tool_choice=settings.tool_choice if settings.tool_choice is not None and tools else openai.NOT_GIVEN,
+            parallel_tool_calls=openai.NOT_GIVEN if settings.parallel_tool_calls is None or not tools
             else settings.parallel_tool_calls))
     except openai.BadRequestError as exc:
         if _is_context_overflow(exc):

@@ -323,12 +323,15 @@ class Store:
 
 
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+SQLITE_STORAGE_CODES = (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN)
 
 
 def storage_failure(exc: BaseException) -> bool:
     """A full, read-only or failing disk under the data directory (SQLite says "database or disk is
     full" or "disk I/O error"; safetensors raises its own error, with the OS's words in it)."""
-    if isinstance(exc, sqlite3.OperationalError) or (isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS):
+    if isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) is not None:
+        return exc.sqlite_errorcode & 0xFF in SQLITE_STORAGE_CODES  # not a lock, a schema or an SQL bug
+    if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
         return True
     return any(os.strerror(code) in str(exc) for code in STORAGE_ERRNOS)
 

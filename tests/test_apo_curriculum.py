@@ -21,6 +21,7 @@ from client.apo import ValueTable, optimal_value, solved
 from client.curriculum import Curriculum, next_level, success_rate
 from client.errors import ConfigError
 from client.train import LoopConfig, loop_config, train_loop
+from protocol.trajectory import History
 from examples.demo import task as demo
 from rollouts.agent import rollout
 from rollouts.env import Environment, Example, RolloutSettings, Score, Task, ToolError
@@ -56,12 +57,15 @@ def test_unsolved_prompts_are_skipped_and_counted_and_failed_samples_never_score
         hard = await table.get("hard", lambda n: ref([0.0, 0.0, 0.0]))
         assert not table.trainable(hard)
         down = await table.get("down", lambda n: ref([], exceptions=3))
-        assert down.value is None and not table.trainable(down)
+        assert down.value is None and not table.trainable(down) and len(down.errors) == 3
         again = await table.get("easy", lambda n: pytest.fail("a prompt's V* is estimated once"))
         assert again is easy
+        # an outage is not the prompt's: once the server is back, the prompt is estimated again
+        back = await table.get("down", lambda n: ref([1.0, 1.0, 0.0]))
+        assert back.usable and table.trainable(back)
         f = table.figures()
-        assert f["value_prompts"] == 3 and f["value_samples"] == 9 and f["value_samples_failed"] == 4
-        assert f["value_prompts_unsolved"] == 1 and f["value_prompts_without_value"] == 1
+        assert f["value_prompts"] == 3 and f["value_samples"] == 9 and f["value_samples_failed"] == 1
+        assert f["value_prompts_unsolved"] == 1 and f["value_estimates_failed"] == 1
         assert f["value_draws_skipped_unsolved"] == 1
         assert ValueTable(skip_unsolved=False).trainable(hard)
     asyncio.run(go())
@@ -142,6 +146,18 @@ def test_an_apo_step_trains_groups_of_one_on_their_given_value(server):
             g.trajectories[0].reward, g.value = 0.0, 0.5
         told = await model.train(low, TrainConfig(loss="apo", learning_rate=1e-3))
         assert told.trained and any("No trained sample scored above its given value" in w for w in told.warnings)
+
+        # a response assembled into two sequences (here a second history) has no one log-ratio to regress
+        split = await _singles(model, 1)
+        traj = split[0].trajectories[0]
+        async with model.openai_client() as client:  # a sub-agent's turn, sampled by the server
+            sub = await client.chat.completions.create(model=model.name, max_tokens=4,
+                                                       messages=[{"role": "user", "content": "Summarise."}])
+        traj.additional_histories.append(History(messages_and_choices=[
+            {"role": "user", "content": "Summarise."}, sub.choices[0]]))
+        split[0].value = 0.5
+        with pytest.raises(Exception, match="regresses one log-ratio per response.*assembles into 2 sequences"):
+            await model.train(split, TrainConfig(loss="apo", learning_rate=1e-3))
 
         body = {"kind": "rl", "groups": [g.model_dump(mode="json") for g in groups], "config": {"loss": "apo"}}
         body["groups"][1]["value"] = None

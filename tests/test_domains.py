@@ -50,6 +50,13 @@ def test_the_example_takes_options_the_command_does_not_know():
         example_options(["stray"])
     with pytest.raises(ConfigError, match="--example demo: .*unexpected keyword argument 'domain'"):
         load_example("demo", domain="retail")
+    # strings from the command line become what the example declares, through make_example's
+    # parameters or the fields of the dataclass it returns
+    email = load_example("email", **example_options(["--judge-weight", "0.25", "--size", "500"]))
+    assert (email.judge_weight, email.size) == (0.25, 500)
+    assert load_example("reasoning_gym", **example_options(["--n-train", "16"])).n_train == 16
+    with pytest.raises(ConfigError, match="--judge-weight 'half': Input should be a valid number"):
+        load_example("email", judge_weight="half")
 
 
 def test_a_step_reports_its_figures_per_domain(server):

@@ -254,3 +254,82 @@ def test_a_submission_to_a_full_disk_is_a_503_and_is_not_kept(small_disk, tmp_pa
 async def _sampled(url: str):
     model = await TrainableModel(RUN).register(url)
     return _with_rewards(await _groups(model, 2, 3, seed=31), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
+
+
+def test_a_store_that_fails_around_a_committed_step_neither_refuses_the_job_nor_calls_it_failed(tmp_path):
+    """The store refuses exactly the writes around one step: the job's queued event, then its
+    success. The submission is still accepted (it was stored, so it runs), and the step it committed
+    is served as a success from memory, never as a failure a client would train again."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from conftest import free_port
+    from server.app import create_app
+    from server.settings import Settings
+
+    app = create_app(Settings(data_dir=tmp_path / "data"))
+    store = app.state.artisan.store
+    refused: list[str] = []
+
+    def full() -> sqlite3.OperationalError:
+        exc = sqlite3.OperationalError("database or disk is full")
+        exc.sqlite_errorcode = sqlite3.SQLITE_FULL
+        return exc
+
+    put_event, put_job = store.put_event, store.put_job
+
+    def refuse_queued(job_id, seq, type_, data):
+        if type_ == "queued" and "queued" not in refused:
+            refused.append("queued")
+            raise full()
+        return put_event(job_id, seq, type_, data)
+
+    def refuse_succeeded(record):
+        if record["status"] == "succeeded" and "succeeded" not in refused:
+            refused.append("succeeded")
+            raise full()
+        return put_job(record)
+
+    store.put_event, store.put_job = refuse_queued, refuse_succeeded
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async def go():
+            model = await TrainableModel(RUN).register(url)
+            groups = _with_rewards(await _groups(model, 2, 3, seed=31), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
+            result = await model.train(groups, CONFIG, idempotency_key="around")
+            assert result.trained and result.step == 1
+            assert await model.get_step() == 1
+            # asked again (a retry), the same key is the same succeeded job: nothing trains twice
+            again = await model.train(groups, CONFIG, idempotency_key="around")
+            assert again.step == 1 and await model.get_step() == 1
+
+        asyncio.run(go())
+        assert refused == ["queued", "succeeded"]
+        health = _health(url)
+        assert health["status"] == "degraded" and "succeeded and could not be recorded" in health["problems"][0]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def test_only_a_disk_that_refuses_writes_is_a_storage_failure():
+    """A lock, a schema or an SQL bug must reach the log as the 500 it is, not a 503 "free some space"."""
+    from server.store import storage_failure
+
+    db = sqlite3.connect(":memory:")
+    with pytest.raises(sqlite3.OperationalError) as bug:
+        db.execute("SELECT * FROM no_such_table")
+    assert not storage_failure(bug.value)
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorcode = sqlite3.SQLITE_FULL
+    assert storage_failure(full)
+    assert storage_failure(OSError(28, "No space left on device"))
+    assert storage_failure(RuntimeError("safetensors: No space left on device (os error 28)"))

@@ -12,6 +12,7 @@ at an OpenAI-compatible server).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from examples.retail import tasks
 from examples.retail.db import DEFAULT_SEED
@@ -40,7 +41,7 @@ class RetailExample(Example):
         return RetailEnv(task, user_model=self.user_model, user_api_base=self.user_api_base)
 
 
-def make_example(**kwargs) -> Example:
+def make_example(**kwargs: Any) -> RetailExample:
     return RetailExample(**kwargs)
 
 

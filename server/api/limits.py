@@ -64,6 +64,7 @@ class GuardedRoute(APIRoute):
                 raise APIError(409, str(exc), code="checkpoint_damaged") from None
             except Exception as exc:
                 if storage_failure(exc):  # nothing was accepted; the same request can be sent again later
+                    log.warning("%s: the data directory refused a write: %s", request.url.path, exc)
                     raise APIError(503, f"the server could not write to its data directory ({exc}); nothing "
                                         f"was accepted: retry once space is freed", code="storage_unavailable",
                                    headers={"Retry-After": "10"}) from None

@@ -165,8 +165,9 @@ class JobManager:
             self._active[job.id] = job
         try:
             self._event(job, "queued", {"position": self._queue.qsize()})
-        finally:
-            self._queue.put(job)  # a job recorded as queued always runs, even if its event could not be stored
+        except Exception:  # the job is stored, so it is accepted: it runs without its queued event
+            log.exception("job %s: its queued event could not be stored", job.id)
+        self._queue.put(job)
         return job, True
 
     def get(self, job_id: str) -> dict[str, Any] | None:
@@ -253,22 +254,32 @@ class JobManager:
             roll_back(self.targets, run, attempt, "failed", why)
             return self._end(job, "failed", why, "error")
         job.status, job.result = "succeeded", result.model_dump(mode="json")
-        self.store.put_job(job.record())
-        self._event(job, "result", job.result)
         self.fault = None
+        try:
+            self.store.put_job(job.record())
+            self._event(job, "result", job.result)
+        except Exception as exc:  # the step is committed and served: the job succeeded, whatever the store says
+            log.exception("job %s: its success could not be stored", job.id)
+            self._remember(job, {"seq": job.n_events, "type": "result", "data": job.result},
+                           f"job {job.id} of run {job.run} succeeded and could not be recorded: "
+                           f"{type(exc).__name__}: {exc}")
 
     def _end(self, job: Job, status: str, message: str, event: str) -> None:
         job.status, job.error = status, message
         self.store.put_job(job.record())
         self._event(job, event, {"message": message})
 
+    def _remember(self, job: Job, event: dict[str, Any], fault: str) -> None:
+        """A job's end kept in memory (its record and terminal event served from here), said on /health."""
+        self.fault = fault
+        with self._lock:
+            self._unstored[job.id] = (job.record(), event)
+
     def _end_unstored(self, job: Job, why: str) -> None:
         """A job whose failure the store could not take either: failed in memory, said on /health."""
         job.status, job.error = "failed", why
-        self.fault = f"job {job.id} of run {job.run} failed and could not be recorded: {why}"
-        event = {"seq": job.n_events, "type": "error", "data": {"message": why}}
-        with self._lock:
-            self._unstored[job.id] = (job.record(), event)
+        self._remember(job, {"seq": job.n_events, "type": "error", "data": {"message": why}},
+                       f"job {job.id} of run {job.run} failed and could not be recorded: {why}")
         try:
             self._end(job, "failed", why, "error")
             with self._lock:

@@ -115,14 +115,21 @@ def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig) -> Ba
             continue
         weights = awr_weights(adv.advantages) if cfg.loss == "awr" else [1.0] * len(adv.advantages)
         before = len(batch.sequences)
-        for traj, a, w in zip(g.trajectories, adv.advantages, weights):
+        for ti, (traj, a, w) in enumerate(zip(g.trajectories, adv.advantages, weights)):
             batch.histories += len(traj.additional_histories)
+            first = len(batch.sequences)
             for history in traj.histories():
                 seqs, st = assemble_history(history, run.host.chat, cfg.mask_truncated)
                 batch.stats.add(st)
                 for s in seqs:
                     s.advantage, s.weight, s.group = a, w, gi
                 batch.sequences += seqs
+            if cfg.loss == "apo" and len(batch.sequences) - first > 1:
+                # Each piece would be pulled to the whole r - V*: the response's log-ratio to k times it.
+                raise ValueError(
+                    f"loss 'apo' regresses one log-ratio per response, and trajectory {ti} of group {gi} "
+                    f"assembles into {len(batch.sequences) - first} sequences (additional histories, or turns "
+                    f"whose prompt does not extend the previous one): train multi-sequence agents with grpo")
         batch.groups_trainable += len(batch.sequences) > before
         if len(batch.sequences) > before:
             batch.advantages += adv.advantages
