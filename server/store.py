@@ -122,7 +122,8 @@ class Store:
                     self._db.execute(sql, args)
                 self._db.execute("COMMIT")
             except Exception:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                    self._db.execute("ROLLBACK")
                 raise
 
     def _rows(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
