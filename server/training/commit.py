@@ -48,7 +48,7 @@ class Attempt:
     job_id: str
     idempotency_key: str
     request: RLJob | SFTJob
-    step: int  # the step it becomes if it trains: the run's step when it started, plus one
+    step: int  # the step it becomes if it trains: Run.next_step (past every number ever written)
     stored: bool = False  # its pending rows are in the store (the checkpoint decides them)
 
     @property
