@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,25 @@ collect_ignore = ([] if importlib.util.find_spec("art") else ["art_client"]) + \
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # Passive OpenMP waits: tests run torch in-process beside server subprocesses on 2 cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@contextlib.contextmanager
+def serve_in_thread(app):
+    """`app` served by uvicorn in this process on a free loopback port (for tests that reach into
+    the server's own objects); yields the port."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 class ServerProcess(LocalServer):

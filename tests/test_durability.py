@@ -260,12 +260,7 @@ def test_a_store_that_fails_around_a_committed_step_neither_refuses_the_job_nor_
     """The store refuses exactly the writes around one step: the job's queued event, then its
     success. The submission is still accepted (it was stored, so it runs), and the step it committed
     is served as a success from memory, never as a failure a client would train again."""
-    import threading
-    import time
-
-    import uvicorn
-
-    from conftest import free_port
+    from conftest import serve_in_thread
     from server.app import create_app
     from server.settings import Settings
 
@@ -293,14 +288,8 @@ def test_a_store_that_fails_around_a_committed_step_neither_refuses_the_job_nor_
         return put_job(record)
 
     store.put_event, store.put_job = refuse_queued, refuse_succeeded
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with serve_in_thread(app) as port:
+        url = f"http://127.0.0.1:{port}"
         async def go():
             model = await TrainableModel(RUN).register(url)
             groups = _with_rewards(await _groups(model, 2, 3, seed=31), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
@@ -315,9 +304,6 @@ def test_a_store_that_fails_around_a_committed_step_neither_refuses_the_job_nor_
         assert refused == ["queued", "succeeded"]
         health = _health(url)
         assert health["status"] == "degraded" and "succeeded and could not be recorded" in health["problems"][0]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def test_only_a_disk_that_refuses_writes_is_a_storage_failure():

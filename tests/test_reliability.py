@@ -12,17 +12,14 @@ import hashlib
 import http.client
 import json
 import math
-import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from safetensors.torch import load_file, save_file
 
 from client import ServerError, TrainConfig, TrainableModel, TrajectoryGroup
-from conftest import ServerProcess, free_port
+from conftest import ServerProcess, serve_in_thread
 from server.faults import POINTS
 from tests.test_training_service import _groups, _with_rewards
 
@@ -384,13 +381,7 @@ def test_an_unexpected_error_is_a_plain_500_and_the_connection_survives():
     async def fine():
         return {"ok": True}
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
+    with serve_in_thread(app) as port:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # one keep-alive connection
         conn.request("GET", "/boom")
         r = conn.getresponse()
@@ -403,6 +394,3 @@ def test_an_unexpected_error_is_a_plain_500_and_the_connection_survives():
         assert r.status == 200 and json.loads(r.read()) == {"ok": True}
         assert conn.sock is sock  # ...and was used again
         conn.close()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=5)
