@@ -89,15 +89,7 @@ def eval_rows(task: str, n: int, levels: int) -> list[tuple[int, dict[str, Any]]
 
 
 async def greedy_accuracy(client, model: str, rows, prompt: str, max_tokens: int) -> dict[str, Any]:
-    limit = asyncio.Semaphore(16)
-
-    async def one(row) -> float:
-        async with limit:
-            r = await client.chat.completions.create(model=model, messages=learn_task.messages(row, prompt),
-                                                     temperature=0.0, max_tokens=max_tokens)
-        return learn_task.score(r.choices[0].message.content, row)
-
-    scores = await asyncio.gather(*(one(r) for _, r in rows))
+    scores = await learn_task.greedy_scores(client, model, [r for _, r in rows], prompt, max_tokens, concurrency=16)
     per_level: dict[int, list[float]] = {}
     for (lvl, _), s in zip(rows, scores):
         per_level.setdefault(lvl, []).append(s)

@@ -81,15 +81,7 @@ DIFFERENCES = {
 # ---- artisan ------------------------------------------------------------------------------------
 
 async def _artisan_eval(client, model: str, eval_rows, prompt: str, max_tokens: int) -> float:
-    limit = asyncio.Semaphore(32)
-
-    async def one(row) -> float:
-        async with limit:
-            r = await client.chat.completions.create(model=model, messages=learn_task.messages(row, prompt),
-                                                     temperature=0.0, max_tokens=max_tokens)
-        return learn_task.score(r.choices[0].message.content, row)
-
-    return sum(await asyncio.gather(*(one(r) for r in eval_rows))) / len(eval_rows)
+    return sum(await learn_task.greedy_scores(client, model, eval_rows, prompt, max_tokens)) / len(eval_rows)
 
 
 async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows) -> dict[str, Any]:

@@ -115,7 +115,8 @@ class TrainableModel:
         info = await self.request("POST", "/v1/runs", retry=FIRST_CONTACT_RETRY,
                                   json=self.spec.model_dump(mode="json"))
         self.step = info["step"]
-        self.base_model = info.get("base_model") or self.base_model  # the server's: a judge that does not drift
+        # The name the server serves its base model under: A*-PO's reference, the default judge (neither drifts)
+        self.base_model = info.get("base_model") or self.base_model
         return self
 
     def openai_client(self, **kw: Any) -> AsyncOpenAI:
@@ -125,10 +126,6 @@ class TrainableModel:
         if self.server_url is None:
             raise RuntimeError("call register(server_url) first")
         return AsyncOpenAI(base_url=self.server_url + "/v1", api_key=self.api_key or "EMPTY", **kw)
-
-    async def base_name(self) -> str:
-        """The name the server serves its base model under (no adapter): the reference policy."""
-        return (await self.request("GET", "/v1/models"))["data"][0]["id"]
 
     async def get_step(self) -> int:
         self.step = (await self.request("GET", f"/v1/runs/{self.name}"))["step"]

@@ -147,8 +147,8 @@ def typed_options(make_example: Any, options: dict[str, Any]) -> dict[str, Any]:
         declared = typing.get_type_hints(made) if dataclasses.is_dataclass(made) else {}
     except (NameError, TypeError):  # annotations that do not resolve: nothing to convert by
         return options
-    declared.update({k: v for k, v in hints.items()
-                     if inspect.signature(make_example).parameters[k].kind is not inspect.Parameter.VAR_KEYWORD})
+    params = inspect.signature(make_example).parameters
+    declared.update({k: v for k, v in hints.items() if params[k].kind is not inspect.Parameter.VAR_KEYWORD})
     out = {}
     for key, value in options.items():
         if key not in declared:
@@ -265,7 +265,9 @@ def judge_figures(groups: list[TrajectoryGroup]) -> dict[str, int] | None:
     found = [g.metadata["ruler"] for g in groups if isinstance(g.metadata.get("ruler"), dict)]
     if not found:
         return None
-    return {name: sum(int(f.get(name, 0)) for f in found) for name in ("judged", "failed", "skipped", "attempts", "malformed")}
+    from rewards.ruler import JUDGMENT_FIGURES  # already imported by whatever judged them
+
+    return {name: sum(int(f.get(name, 0)) for f in found) for name in JUDGMENT_FIGURES}
 
 
 def judge_line(figures: dict[str, int]) -> str:
@@ -387,7 +389,7 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
             source["success"] = last.get("level_success") if example.level == last["curriculum_level"] else None
             source["tasks"] = example.train_tasks(cfg.seed)
     values = ValueTable(cfg.value_samples, cfg.value_beta, cfg.skip_unsolved) if apo else None
-    reference = await model.base_name() if apo else None
+    reference = model.base_model if apo else None
 
     async def eval_now() -> None:
         step, by_domain = model.step, {}

@@ -77,6 +77,14 @@ Reply with only a JSON object of this form and no other text:
 Give exactly one entry for each of these trajectory ids: {ids}."""
 
 
+JUDGMENT_FIGURES = ("judged", "failed", "skipped", "attempts", "malformed")
+
+
+def judgment(**counts: int) -> dict[str, int]:
+    """A group's judge figures (its metadata["ruler"]): each of JUDGMENT_FIGURES, 0 unless given."""
+    return {name: counts.get(name, 0) for name in JUDGMENT_FIGURES}
+
+
 class JudgeError(Exception):
     """The judge could not produce a valid verdict (unreachable, or invalid replies to the end)."""
 
@@ -87,8 +95,7 @@ class JudgeError(Exception):
         self.malformed = malformed  # of the attempts, replies that came back but were no valid verdict
         # What the gather keeps of the failed group (client/gather.py): the judge's figures, so a
         # step can count malformed replies of the judgments that failed too.
-        self.group_metadata = {"ruler": {"judged": 0, "failed": 1, "skipped": 0, "attempts": attempts,
-                                         "malformed": malformed}}
+        self.group_metadata = {"ruler": judgment(failed=1, attempts=attempts, malformed=malformed)}
 
 
 class JudgeConfig(BaseModel):
@@ -543,7 +550,7 @@ def _skip(group: TrajectoryGroup, reason: str) -> TrajectoryGroup:
     out = group.model_copy(deep=True)
     for traj in out.trajectories:
         traj.logs.append(f"RULER: not judged ({reason})")
-    out.metadata["ruler"] = {"judged": 0, "failed": 0, "skipped": 1, "attempts": 0, "malformed": 0}
+    out.metadata["ruler"] = judgment(skipped=1)
     return out
 
 
@@ -606,8 +613,7 @@ async def score_group(
                 traj.metrics[f"ruler_{name}"] = getattr(usage, name)
         traj.reward = weight * verdict.score + (1.0 - weight) * independent
         traj.logs.append(f"RULER [{tid}] score={verdict.score:.3f} (judge {config.model}): {verdict.explanation or ''}")
-    out.metadata["ruler"] = {"judged": 1, "failed": 0, "skipped": 0, "attempts": usage.attempts,
-                             "malformed": usage.malformed}
+    out.metadata["ruler"] = judgment(judged=1, attempts=usage.attempts, malformed=usage.malformed)
     return out
 
 

@@ -100,11 +100,6 @@ async def complete(client: AsyncOpenAI, model: str, messages: list[Message], too
     return response.choices[0]
 
 
-async def _complete(client: AsyncOpenAI, model: str, messages: list[Message], env: Environment,
-                    settings: RolloutSettings, retry: RetryPolicy) -> Choice:
-    return await complete(client, model, messages, env.tools, settings, retry)
-
-
 async def _act(choice: Choice, env: Environment, traj: Trajectory) -> StopReason | None:
     """Carry out what the model's turn asks for; a StopReason when the episode is over."""
     if choice.finish_reason == "length":
@@ -136,7 +131,7 @@ async def rollout(client: AsyncOpenAI, model: str, env: Environment, task: Task,
     turns = 0
     while stop is None and turns < settings.max_turns:
         try:
-            choice = await _complete(client, model, window.view(traj.messages()), env, settings, retry)
+            choice = await complete(client, model, window.view(traj.messages()), env.tools, settings, retry)
         except ContextOverflow:
             stop = None if window.shrink(traj.messages()) else StopReason.CONTEXT_OVERFLOW
             continue

@@ -71,10 +71,14 @@ class Store:
         self.problems: list[str] = []  # what was found wrong with the store, for /health and the log
         self._lock = threading.Lock()
         why = _damage(self.path)
-        if why is not None:
-            self._salvage(why)
+        aside = _move_aside(self.path) if why is not None else None
         self._db = _connect(self.path)
         self._migrate()
+        if aside is not None:
+            kept, lost = _copy_readable(aside, self._db)
+            self.report(f"the run store at {self.path} was damaged ({why}); it was moved to {aside.name} and what "
+                        f"could be read was copied into a new store ({kept} rows kept"
+                        + (f"; unreadable rows lost from {', '.join(lost)}" if lost else "") + ")")
 
     def report(self, problem: str) -> None:
         log.error("%s", problem)
@@ -86,20 +90,6 @@ class Store:
         with self._lock:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._db.close()
-
-    def _salvage(self, why: str) -> None:
-        aside = self.path.with_name(f"{self.path.name}.damaged-{int(time.time())}")
-        for suffix in ("", "-wal", "-shm"):
-            if Path(f"{self.path}{suffix}").exists():
-                os.rename(f"{self.path}{suffix}", f"{aside}{suffix}")
-        fresh = _connect(self.path)
-        self._db = fresh
-        self._migrate()
-        kept, lost = _copy_readable(aside, fresh)
-        self.report(f"the run store at {self.path} was damaged ({why}); it was moved to {aside.name} and what "
-                    f"could be read was copied into a new store ({kept} rows kept"
-                    + (f"; unreadable rows lost from {', '.join(lost)}" if lost else "") + ")")
-        fresh.close()
 
     def _migrate(self) -> None:
         with self._lock:
@@ -358,6 +348,15 @@ def _damage(path: Path) -> str | None:
     except sqlite3.DatabaseError as exc:
         return str(exc)
     return None if found == ["ok"] else "; ".join(found)
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename a damaged store (with its WAL and shared memory) out of the way; the new name."""
+    aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{path}{suffix}").exists():
+            os.rename(f"{path}{suffix}", f"{aside}{suffix}")
+    return aside
 
 
 def _copy_readable(damaged: Path, into: sqlite3.Connection, chunk: int = 64) -> tuple[int, list[str]]:

@@ -17,6 +17,7 @@ learning regression test (tests/learning/) trains:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,20 @@ def _shots(task: str) -> tuple[dict[str, str], ...]:
 
 
 score = score_reply
+
+
+async def greedy_scores(client: Any, model: str, rows: list[dict[str, Any]], prompt: str, max_tokens: int,
+                        concurrency: int = 32) -> list[float]:
+    """Each row's score for `model`'s greedy answer, through an AsyncOpenAI client (the benches' held-out measure)."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(row: dict[str, Any]) -> float:
+        async with limit:
+            r = await client.chat.completions.create(model=model, messages=messages(row, prompt),
+                                                     temperature=0.0, max_tokens=max_tokens)
+        return score(r.choices[0].message.content, row)
+
+    return list(await asyncio.gather(*(one(r) for r in rows)))
 
 
 class ReasoningGymEnv(Environment):

@@ -19,6 +19,12 @@ class GroupAdvantages:
     dropped: str | None = None
 
 
+def _stats(rewards: list[float]) -> tuple[float, float, float]:
+    """Mean, population std and spread (max - min) of a non-empty group's rewards."""
+    mean = sum(rewards) / len(rewards)
+    return mean, math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)), max(rewards) - min(rewards)
+
+
 def group_advantages(rewards: list[float], scale: bool = False, min_spread: float = 1e-6) -> GroupAdvantages:
     """Reward minus the group mean; divided by the group std only when `scale` is asked for.
 
@@ -27,9 +33,7 @@ def group_advantages(rewards: list[float], scale: bool = False, min_spread: floa
     """
     if not rewards:
         return GroupAdvantages(None, 0.0, 0.0, 0.0, dropped="empty")
-    mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    spread = max(rewards) - min(rewards)
+    mean, std, spread = _stats(rewards)
     if len(rewards) < 2:
         return GroupAdvantages(None, mean, std, spread, dropped="single")
     if spread < min_spread:
@@ -59,12 +63,11 @@ def given_value_advantages(rewards: list[float], value: float, keep_zero: bool, 
     one where every reward equals the value to within `min_spread` (no policy gradient at all)."""
     if not rewards:
         return GroupAdvantages(None, 0.0, 0.0, 0.0, dropped="empty")
-    mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    mean, std, spread = _stats(rewards)
     adv = [r - value for r in rewards]
     if not keep_zero and max(abs(a) for a in adv) < min_spread:
-        return GroupAdvantages(None, mean, std, max(rewards) - min(rewards), dropped="constant")
-    return GroupAdvantages(adv, mean, std, max(rewards) - min(rewards))
+        return GroupAdvantages(None, mean, std, spread, dropped="constant")
+    return GroupAdvantages(adv, mean, std, spread)
 
 
 def awr_weights(advantages: list[float]) -> list[float]:

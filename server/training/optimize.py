@@ -152,15 +152,16 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
             raise Cancelled()
         mb = make_microbatch([mini[i] for i in row], row, host.device, host.tokenizer.pad_token_id or 0)
         ref_lp = None
+        kl_here = p.kl_coef > 0 or (measure_kl and r == 0)
         with host.lock:
             host.model.set_adapter(run.adapter)
-            if p.kl_coef > 0 or p.needs_reference or (measure_kl and r == 0):
+            if kl_here or p.needs_reference:
                 with host.model.disable_adapter(), torch.no_grad():
                     ref_lp, _ = _forward_logprobs(host, mb, grad=False)
                 mb.ref_logprobs = ref_lp
             lp, lp_all = _forward_logprobs(host, mb, grad=True)
         tok_loss, clipped = token_loss(lp, mb)
-        if ref_lp is not None and (p.kl_coef > 0 or (measure_kl and r == 0)):
+        if kl_here:
             kl = losses.kl_k3(lp, ref_lp)
             if p.kl_coef > 0:
                 tok_loss = tok_loss + p.kl_coef * kl

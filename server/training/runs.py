@@ -161,7 +161,7 @@ class RunManager:
         if done:
             run.step = done[-1]
             try:
-                self.load_checkpoint(run, run.step)
+                self._load(run, run.step)  # _intact_steps has just checked it
             except Exception:
                 with self.host.lock:  # so that a later open of this run can add it again
                     self.host.delete_adapter(adapter)
@@ -184,6 +184,9 @@ class RunManager:
 
     def load_checkpoint(self, run: Run, step: int) -> None:
         checkpoints.check(run.checkpoint_dir, step)
+        self._load(run, step)
+
+    def _load(self, run: Run, step: int) -> None:
         state = checkpoints.read_adapter(run.checkpoint_dir, step)
         with self.host.lock:
             self.host.load_adapter_state(run.adapter, state)
