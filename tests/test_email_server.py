@@ -68,24 +68,30 @@ def test_a_rollout_goes_through_the_mailbox_tools(smollm2, cache):
 
 def test_train_cli_email_with_the_base_model_as_ruler_judge(smollm2, cache, tmp_path):
     # The least that shows it: one step of two groups of two (a group the judge scores evenly is
-    # dropped, so two), held-out reward on one question before and after; about 2.5 minutes on an
-    # idle 2-core CPU, 5 under load.
+    # dropped, so two, and up to three attempts), held-out reward on one question before and after;
+    # about 2.5 minutes on an idle 2-core CPU, 5 under load.
     cmd = [sys.executable, "-m", "client.train", "--server", smollm2.url, "--run", "email-1", "--example", "email",
            "--steps", "1", "--groups-per-step", "2", "--group-size", "2", "--eval-tasks", "1", "--eval-every", "0",
-           "--max-turns", "2", "--max-tokens", "48", "--patience", "1", "--out", str(tmp_path), "--no-progress"]
+           "--max-turns", "2", "--max-tokens", "48", "--patience", "3", "--out", str(tmp_path), "--no-progress"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "ARTISAN_EMAIL_CACHE": str(cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [e["step"] for e in summary["evals"]] == [0, 1]
     assert 0.0 <= summary["eval_reward_before"] <= 1.0 and 0.0 <= summary["eval_reward_after"] <= 1.0
-    step = summary["history"][-1]
+    # A judge may score both groups evenly (nothing to train): up to three attempts make the step.
+    history = summary["history"]
+    step = history[-1]
     assert step["trained"] and step["prompt_mismatches"] == 0
     judge = summary["judge"]
-    # both training groups went to the judge (art-server's base model), judged or failed (or had
-    # nothing to compare), and each malformed reply it gave was counted, in the step and the run
-    assert judge["judged"] + judge["failed"] + judge["skipped"] == 2 and judge == step["judge"]
-    assert judge["attempts"] >= 2 and 0 <= judge["malformed"] <= judge["attempts"]
+    # every attempt's two training groups went to the judge (art-server's base model), judged or
+    # failed (or had nothing to compare), and each malformed reply it gave was counted, in each
+    # attempt and in the run's total
+    for attempt in history:
+        j = attempt["judge"]
+        assert j["judged"] + j["failed"] + j["skipped"] == 2 and j["attempts"] >= 2
+    assert judge == {k: sum(a["judge"][k] for a in history) for k in judge}
+    assert 0 <= judge["malformed"] <= judge["attempts"]
     assert "judge: " in proc.stdout
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["judge"] == judge and "eval_reward_before" in last and "eval_reward_after" in last
