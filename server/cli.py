@@ -55,6 +55,12 @@ def serve(
                                                       "the GPU's memory; the trainer needs the rest."),
     vllm_max_lora_rank: int = typer.Option(64, help="--engine vllm: the largest LoRA rank a run may use."),
     vllm_max_loras: int = typer.Option(8, min=1, help="--engine vllm: adapters decoded in one batch."),
+    replicas: int = typer.Option(1, min=1, help="Engine replicas, each a Ray actor with the base model and the runs' "
+                                                "adapters, behind this one API (more than 1 needs Ray: the `ray` extra)."),
+    train_processes: int = typer.Option(1, min=1, help="Data-parallel training processes (Ray actors; gloo on CPU, "
+                                                       "NCCL on GPU): a step's micro-batches are split among them."),
+    ray_address: str = typer.Option(None, envvar="RAY_ADDRESS", help="The Ray cluster for --replicas and "
+                                                                    "--train-processes (default: a local one)."),
     max_batch: int = typer.Option(64, help="Sequences decoded together."),
     max_waiting: int = typer.Option(512, help="Sequences queued before requests get 503."),
     max_request_bytes: int = typer.Option(64 * 1024 * 1024, help="Larger request bodies get 413."),
@@ -82,7 +88,8 @@ def serve(
                         port=port, api_key=api_key or None, data_dir=data_dir, cache_dir=cache_dir, engine=engine, device=device, dtype=dtype,
                         gradient_checkpointing=gradient_checkpointing, vllm_python=vllm_python,
                         vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, vllm_max_lora_rank=vllm_max_lora_rank,
-                        vllm_max_loras=vllm_max_loras, max_batch=max_batch, max_waiting=max_waiting,
+                        vllm_max_loras=vllm_max_loras, replicas=replicas, train_processes=train_processes,
+                        ray_address=ray_address, max_batch=max_batch, max_waiting=max_waiting,
                         max_request_bytes=max_request_bytes, job_time_limit=job_time_limit,
                         session_ttl=session_ttl, session_max_exchanges=session_max_exchanges,
                         keep_trajectory_steps=keep_trajectory_steps, export=export, export_timeout=export_timeout,

@@ -39,6 +39,12 @@ class Settings(BaseModel):
     vllm_max_lora_rank: int = 64
     vllm_max_loras: int = 8  # adapters decoded in one batch; more stay cached and swap in
     vllm_start_timeout: float = 900.0
+    # Past one machine on Ray (server/engine/replicas.py, server/training/data_parallel.py): engine
+    # replicas and training processes as Ray actors on the cluster at `ray_address` (None with more
+    # than one of either: a local Ray started by the server).
+    replicas: int = 1
+    train_processes: int = 1
+    ray_address: str | None = None
     max_batch: int = 64
     max_waiting: int = 512
     max_request_bytes: int = 64 * 1024 * 1024
