@@ -1,0 +1,34 @@
+"""The server's one connection to Ray, shared by engine replicas and data-parallel trainers.
+
+Ray is optional (the `ray` extra): it is imported only when a setting asks for more than one
+replica or training process, and its absence is one clear line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+_lock = threading.Lock()
+
+
+class RayUnavailable(SystemExit):
+    """Ray is needed by the settings and is not installed, or its cluster cannot be reached."""
+
+
+def connect(address: str | None) -> Any:
+    """The `ray` module, connected once per process: to the cluster at `address`, or to a local
+    Ray started for this server when there is none."""
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable("--replicas and --train-processes above 1 need Ray: pip install 'artisan-rl[ray]'") \
+            from None
+    with _lock:
+        if not ray.is_initialized():
+            try:
+                # A namespace of its own: the actors' names never meet another application's.
+                ray.init(address=address, namespace="artisan", log_to_driver=False)
+            except ConnectionError as exc:
+                raise RayUnavailable(f"--ray-address {address}: cannot reach the Ray cluster ({exc})") from None
+    return ray
