@@ -98,6 +98,12 @@ class TrainConfig(BaseModel):
     def _apo(self) -> "TrainConfig":
         if self.baseline is None:
             self.baseline = "given" if self.loss == "apo" else "group_mean"
+        if self.scale_rewards and self.baseline != "group_mean":
+            # Only GRPO's group-mean advantages are divided by the group's std; silently training
+            # unscaled advantages would not be the run that was asked for.
+            raise ValueError(f"scale_rewards divides GRPO's group-mean advantages by the group's reward std; "
+                             f"baseline {self.baseline!r} does not scale: drop scale_rewards or use baseline "
+                             f"'group_mean'")
         if self.loss == "apo":
             if self.baseline != "given":
                 raise ValueError("loss 'apo' (A*-PO) regresses on r - V*(x): its baseline is 'given' (each group's "

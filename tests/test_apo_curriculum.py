@@ -102,6 +102,13 @@ def test_the_command_line_refuses_what_cannot_work():
             loop_config(**base, train=train, curriculum=curriculum)
 
 
+def test_scale_rewards_is_refused_where_it_would_be_ignored():
+    assert TrainConfig(scale_rewards=True).baseline == "group_mean"
+    for baseline, loss in (("leave_one_out", "importance_sampling"), ("given", "apo")):
+        with pytest.raises(ValueError, match="scale_rewards"):
+            TrainConfig(scale_rewards=True, baseline=baseline, loss=loss)
+
+
 # ---- against a real server --------------------------------------------------------------------
 
 async def _singles(model: TrainableModel, n: int) -> list[TrajectoryGroup]:
