@@ -29,8 +29,9 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(PY) -m examples.demo.run_demo --port $(PORT) --out out/demo
 
+# --durations: CI's log names the slowest tests, for whoever keeps CI under its hour.
 test: install
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=15
 
 # A real model learns: SmolLM2-135M-Instruct's held-out accuracy on a reasoning-gym task must rise
 # under GRPO through art-server (tests/learning; a few minutes on 2 cores).
