@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import ipaddress
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
 
@@ -76,6 +78,26 @@ def least_busy(loads: list[int], limit: int) -> int | None:
     """The slot with the fewest rollouts running, the first among equals; None when all are full."""
     slot = min(range(len(loads)), key=lambda i: loads[i])
     return slot if loads[slot] < limit else None
+
+
+def loopback_unreachable(server_url: str, driver_ip: str, worker_nodes: list[str]) -> str | None:
+    """Why workers cannot reach the server, when `--server` is this machine's loopback address and
+    some worker runs on another machine (`worker_nodes` as RolloutWorker.where gives them)."""
+    host = urlsplit(server_url).hostname or ""
+    loopback = host == "localhost" or (_is_ip(host) and ipaddress.ip_address(host).is_loopback)
+    elsewhere = sorted({n.split("/")[0] for n in worker_nodes} - {driver_ip})
+    if not loopback or not elsewhere:
+        return None
+    return (f"--server {server_url} is this machine's loopback address, and rollout workers run on "
+            f"{', '.join(elsewhere)}: give the server's address on the cluster's network")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def lost_message(name: str, node: str, cause: BaseException) -> str:
@@ -158,6 +180,10 @@ class RayRolloutPool:
         except Exception as exc:  # the example does not unpickle there, a package is missing, ...
             self.close()
             raise ConfigError(f"--ray-address: the rollout workers did not start: {_first_line(exc)}") from None
+        unreachable = loopback_unreachable(self.server_url, ray.util.get_node_ip_address(), self.nodes)
+        if unreachable:
+            self.close()
+            raise ConfigError(unreachable)
         return self
 
     def _make(self) -> tuple[Any, str]:
