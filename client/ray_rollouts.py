@@ -10,8 +10,9 @@ server sent them.
 - Placement: `workers` actors of 1 CPU each, spread over the nodes by Ray. Each runs at most
   `concurrency` rollouts at once (the driver sends no more); a rollout goes to the least busy one.
 - Code: the driver ships its own copy of artisan's client-side packages, and the example's
-  top-level package, as the actors' runtime_env `py_modules`, so workers run the driver's version
-  of the code. The nodes need artisan's dependencies installed (the same image as the server's).
+  top-level package, as the job's runtime_env `py_modules`, so workers run the driver's version
+  of the code (an example in a one-file module is pickled by value). The nodes need artisan's
+  dependencies installed (the same image as the server's).
 - A lost worker (its process or node died): each rollout it was running fails with a WorkerLost
   that names it, so they count as their group's exceptions (infrastructure failures, never a zero
   reward), and a replacement actor takes its slot for the rollouts that follow.
@@ -111,7 +112,7 @@ class RolloutWorker:
     def __init__(self, example: Example, server_url: str, api_key: str | None):
         self.example, self.server_url, self.api_key = example, server_url, api_key
         self.client: Any = None
-        self.running = 0
+        self.running = self.peak = 0
 
     def where(self) -> str:
         """The node this worker runs on: its address, and the start of its Ray node id (nodes of
@@ -127,14 +128,15 @@ class RolloutWorker:
             self.client = AsyncOpenAI(base_url=self.server_url + "/v1", api_key=self.api_key or "EMPTY",
                                       max_retries=0, timeout=120)
         self.running += 1
+        self.peak = max(self.peak, self.running)
         try:
             return await self.example.rollout(self.client, policy, task)
         finally:
             self.running -= 1
 
-    async def busy(self) -> int:
-        """Rollouts running now."""
-        return self.running
+    async def load(self) -> dict[str, int]:
+        """Rollouts running now, and the most that ever ran at once."""
+        return {"running": self.running, "peak": self.peak}
 
 
 class RayRolloutPool:
@@ -169,6 +171,11 @@ class RayRolloutPool:
             except ConnectionError as exc:
                 raise ConfigError(f"--ray-address {self.settings.address}: cannot reach the Ray cluster ({exc})") \
                     from None
+        module = type(self.example).__module__.split(".")[0]
+        if module in sys.modules and not package_dirs([module]) and module != "__main__":
+            # A one-file module (a script's neighbour, a test) is no package to ship: its classes
+            # travel inside the pickled example instead.
+            ray.cloudpickle.register_pickle_by_value(sys.modules[module])
         self.actor_class = ray.remote(num_cpus=WORKER_CPUS, max_restarts=0)(RolloutWorker)
         self._free = asyncio.Condition()
         self.loads = [0] * self.settings.workers
@@ -211,8 +218,8 @@ class RayRolloutPool:
             if self.actors[slot] is actor:  # the first of its rollouts to hear of it replaces it
                 self._replace(slot)
             raise WorkerLost(lost_message(name, node, exc)) from None
-        except self.ray.exceptions.RayTaskError as exc:  # the rollout itself raised: that error, as local
-            raise exc.as_instanceof_cause() from None
+        except self.ray.exceptions.RayTaskError as exc:  # the rollout itself raised: its error, as here
+            raise (exc.cause if isinstance(exc.cause, Exception) else exc) from None
         finally:
             async with self._free:
                 self.loads[slot] -= 1

@@ -3,14 +3,19 @@ worker node), against a real art-server on the embedded model, through the real 
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 
+from client.model import TrainableModel
+from client.ray_rollouts import RayRolloutPool, RayWorkers
+from client.train import run_groups
+from examples.demo.task import ShopExample
+from protocol.choices import choice_logprobs, choice_sampling, choice_token_ids
 from tests.conftest import ROOT
 
 ray = pytest.importorskip("ray")
@@ -76,7 +81,7 @@ def test_a_worker_killed_mid_rollout_counts_as_failed_rollouts_and_the_run_goes_
         while victim is None and time.monotonic() < deadline:
             for name in _run_actors(run):
                 actor = ray.get_actor(name, namespace="artisan")
-                if ray.get(actor.busy.remote()) > 0:
+                if ray.get(actor.load.remote())["running"] > 0:
                     victim = (name, actor)
                     break
             else:
@@ -112,3 +117,50 @@ def test_a_worker_killed_mid_rollout_counts_as_failed_rollouts_and_the_run_goes_
     print(f"killed {name}; lost rollouts {workers['lost_rollouts']}; attempts: "
           + json.dumps([{k: h.get(k) for k in ("step", "trained", "trajectories_total", "trajectories_excluded",
                                                "first_exception", "rollouts_failed")} for h in summary["history"]]))
+
+
+class FlakyShop(ShopExample):
+    """The demo, with a tool backend that is down for the tasks with odd numbers. Defined in this
+    one-file module, which workers receive inside the pickled example."""
+
+    async def rollout(self, client, model, task):
+        if int(task.id.rsplit("-", 1)[1]) % 2:
+            raise ConnectionError(f"tool backend down for {task.id}")
+        return await super().rollout(client, model, task)
+
+
+def test_run_groups_on_workers_keeps_choices_and_errors_as_here(fresh_server, ray_cluster):
+    srv = fresh_server(api_key=KEY)
+    example = FlakyShop()
+    tasks = example.eval_tasks()[:4]
+
+    async def on_workers():
+        model = await TrainableModel("ray-lib").register(srv.url, KEY)
+        settings = RayWorkers(address=ray_cluster, workers=2, concurrency=2)
+        pool = await RayRolloutPool(settings, example, model.server_url, KEY, model.name).start()
+        try:
+            groups = await run_groups(model, example, tasks, 2, progress=False, max_exceptions=1.0, workers=pool)
+            loads = [await a.load.remote() for a in pool.actors]
+        finally:
+            pool.close()
+        return groups, loads, pool.figures
+
+    try:
+        groups, loads, figures = asyncio.run(on_workers())
+    finally:
+        ray.shutdown()
+    for task, group in zip(tasks, groups):
+        if int(task.id.rsplit("-", 1)[1]) % 2:  # the rollout's own error, one line, as a local rollout's
+            assert group.trajectories == [] and len(group.exceptions) == 2
+            assert all(e.startswith(f"ConnectionError: tool backend down for {task.id}") and "\n" not in e
+                       for e in group.exceptions)
+        else:
+            assert group.exceptions == [] and len(group.trajectories) == 2
+            for choice in (c for t in group.trajectories for c in t.choices()):  # a Choice, with its numbers
+                ids = choice_token_ids(choice)
+                assert ids and choice_logprobs(choice) and len(choice_logprobs(choice)) == len(ids)
+                sampling = choice_sampling(choice)
+                assert sampling.policy == "ray-lib" and sampling.prompt_fingerprint and sampling.prompt_len > 0
+    assert all(load["running"] == 0 and load["peak"] <= 2 for load in loads)  # the bound held
+    assert max(load["peak"] for load in loads) == 2
+    assert figures == {"workers": 2, "rollouts": 4, "lost_rollouts": 0, "workers_lost": 0}
