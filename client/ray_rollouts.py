@@ -155,6 +155,7 @@ class RayRolloutPool:
         self.made = 0
         self.figures = {"workers": settings.workers, "rollouts": 0, "lost_rollouts": 0, "workers_lost": 0}
         self._free: asyncio.Condition | None = None
+        self._locating: set[asyncio.Task] = set()
 
     async def start(self) -> "RayRolloutPool":
         try:
@@ -186,7 +187,7 @@ class RayRolloutPool:
                                                 START_SECONDS)
         except Exception as exc:  # the example does not unpickle there, a package is missing, ...
             self.close()
-            raise ConfigError(f"--ray-address: the rollout workers did not start: {_first_line(exc)}") from None
+            raise ConfigError(f"--ray-address: the rollout workers did not start: {_last_line(exc)}") from None
         unreachable = loopback_unreachable(self.server_url, ray.util.get_node_ip_address(), self.nodes)
         if unreachable:
             self.close()
@@ -196,9 +197,9 @@ class RayRolloutPool:
     def _make(self) -> tuple[Any, str]:
         name = f"{self.prefix}.{self.made}"
         self.made += 1
-        actor = self.actor_class.options(
-            name=name, max_concurrency=self.settings.concurrency + 1, scheduling_strategy="SPREAD").remote(self.example, self.server_url, self.api_key)
-        return actor, name
+        # One call more than the rollouts the driver sends, so that load() and where() are answered.
+        options = {"name": name, "max_concurrency": self.settings.concurrency + 1, "scheduling_strategy": "SPREAD"}
+        return self.actor_class.options(**options).remote(self.example, self.server_url, self.api_key), name
 
     def describe(self) -> str:
         nodes = sorted(set(self.nodes))
@@ -232,7 +233,9 @@ class RayRolloutPool:
         lost = self.names[slot]
         self.actors[slot], self.names[slot] = self._make()
         self.nodes[slot] = "(being placed)"
-        asyncio.ensure_future(self._locate(slot, self.actors[slot]))
+        task = asyncio.ensure_future(self._locate(slot, self.actors[slot]))
+        self._locating.add(task)
+        task.add_done_callback(self._locating.discard)
         print(f"ray: rollout worker {lost} was lost; {self.names[slot]} replaces it", file=sys.stderr, flush=True)
 
     async def _locate(self, slot: int, actor: Any) -> None:
@@ -249,6 +252,7 @@ class RayRolloutPool:
         self.actors = []
 
 
-def _first_line(exc: BaseException) -> str:
+def _last_line(exc: BaseException) -> str:
+    """Ray's error about an actor that could not start ends with the cause (the ImportError, ...)."""
     text = str(exc).strip()
     return text.splitlines()[-1][:500] if text else type(exc).__name__
