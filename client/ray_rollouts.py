@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import ipaddress
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -99,6 +100,29 @@ def _is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def address_host_port(address: str) -> tuple[str, int] | None:
+    """The host and port a Ray address names (`host:port`, `ray://host:port`); None for the ones
+    Ray resolves itself (`auto`, `local`)."""
+    parts = urlsplit(address if "://" in address else f"ray://{address}")
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    return (parts.hostname, port) if parts.hostname and port else None
+
+
+def check_ray_address(address: str, timeout: float = 5.0) -> None:
+    """A ConfigError when nothing answers at the address: ray.init would retry it for minutes."""
+    where = address_host_port(address)
+    if where is None:
+        return
+    try:
+        socket.create_connection(where, timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the "
+                          f"cluster with `ray start --head` and give its address") from None
 
 
 def lost_message(name: str, node: str, cause: BaseException) -> str:

@@ -38,7 +38,7 @@ from client.gather import gather_trajectory_groups
 from client.model import TrainableModel, check_server_url
 from client.patience import Patience, attempt_record, failed_rollouts_record
 from client.pipeline import Journal, Pipeline
-from client.ray_rollouts import RayRolloutPool, RayWorkers
+from client.ray_rollouts import RayRolloutPool, RayWorkers, check_ray_address
 from protocol.config import MODULE_NAME, Baseline, LossName, RunSpec, TrainConfig
 from protocol.domains import DOMAIN_KEY, domain_figures
 from protocol.jobs import TrainResult
@@ -378,6 +378,8 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
                           + ("--curriculum needs two or more" if cfg.curriculum else
                              f"--start-level {cfg.start_level} is past its last ({example.levels() - 1})"))
     example.level = cfg.start_level
+    if cfg.ray is not None:
+        check_ray_address(cfg.ray.address)
     model = await TrainableModel(cfg.run, project=cfg.project, retry_seconds=cfg.retry_seconds).register(
         cfg.server, cfg.api_key)
     # The judge scores groups here, on the driver, once their rollouts are back.

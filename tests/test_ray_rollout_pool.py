@@ -11,10 +11,10 @@ import pytest
 
 import client
 from client.errors import ConfigError
-from client.ray_rollouts import (CLIENT_PACKAGES, RayWorkers, least_busy, lost_message, loopback_unreachable,
-                                 package_dirs, packages_to_ship)
+from client.ray_rollouts import (CLIENT_PACKAGES, RayWorkers, address_host_port, least_busy, lost_message,
+                                 loopback_unreachable, package_dirs, packages_to_ship)
 from client.train import LoopConfig, loop_config, ray_options
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 
 
 def test_workers_get_our_client_side_packages_and_the_examples_own():
@@ -79,3 +79,22 @@ def test_the_client_imports_ray_only_when_asked():
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_host_and_port_of_a_ray_address():
+    assert address_host_port("10.0.0.5:6379") == ("10.0.0.5", 6379)
+    assert address_host_port("ray://head.internal:10001") == ("head.internal", 10001)
+    assert address_host_port("auto") is None and address_host_port("local") is None
+    assert address_host_port("head:notaport") is None
+
+
+def test_a_ray_address_where_nothing_answers_is_one_line_at_once():
+    """ray.init retries such an address for minutes; the run says so before it starts anything
+    (here, before it even contacts the server, which is not there either)."""
+    port = free_port()
+    proc = subprocess.run([sys.executable, "-m", "client.train", "--server", f"http://127.0.0.1:{free_port()}",
+                           "--ray-address", f"127.0.0.1:{port}", "--no-progress"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"error: --ray-address 127.0.0.1:{port}: nothing answers there")
+    assert proc.stderr.count("\n") == 1
