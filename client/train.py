@@ -38,6 +38,7 @@ from client.gather import gather_trajectory_groups
 from client.model import TrainableModel, check_server_url
 from client.patience import Patience, attempt_record, failed_rollouts_record
 from client.pipeline import Journal, Pipeline
+from client.ray_rollouts import RayRolloutPool, RayWorkers, check_ray_address
 from protocol.config import MODULE_NAME, Baseline, LossName, RunSpec, TrainConfig
 from protocol.domains import DOMAIN_KEY, domain_figures
 from protocol.jobs import TrainResult
@@ -85,6 +86,8 @@ class LoopConfig(BaseModel):
     skip_unsolved: bool = True
     # The example's own options, passed to its make_example (`--domain retail --domain airline`).
     example_kwargs: dict[str, Any] = {}
+    # Run rollouts (training, evaluation, A*-PO's reference samples) on Ray workers; None: here.
+    ray: RayWorkers | None = None
 
 
 def example_names() -> list[str]:
@@ -187,12 +190,15 @@ def example_options(args: list[str]) -> dict[str, Any]:
 
 async def run_groups(model: TrainableModel, example: Example, tasks: list[Task], group_size: int,
                      hook=None, progress: bool = True, description: str = "rollouts", policy: str | None = None,
-                     max_exceptions: int | float = 0.5) -> list[TrajectoryGroup]:
-    """`policy`: the served name to sample from (`run@step`); the run's latest step by default."""
+                     max_exceptions: int | float = 0.5, workers: RayRolloutPool | None = None) -> list[TrajectoryGroup]:
+    """`policy`: the served name to sample from (`run@step`); the run's latest step by default.
+    `workers`: run the rollouts on these Ray workers instead of here."""
+    policy = policy or model.name
     # One client per batch, closed when the batch is done: an unclosed client's connections can
     # leave a later batch's responses unread until they time out.
-    async with model.openai_client(max_retries=0, timeout=120) as client:
-        groups = [[example.rollout(client, policy or model.name, t) for _ in range(group_size)] for t in tasks]
+    async with contextlib.nullcontext() if workers else model.openai_client(max_retries=0, timeout=120) as client:
+        groups = [[workers.rollout(policy, t) if workers else example.rollout(client, policy, t)
+                   for _ in range(group_size)] for t in tasks]
         gathered = await gather_trajectory_groups(groups, progress=progress, after_each=hook, description=description,
                                                   max_exceptions=max_exceptions)
     # A group is one task's rollouts: it carries the task's domain, so that its failed rollouts are
@@ -203,10 +209,11 @@ async def run_groups(model: TrainableModel, example: Example, tasks: list[Task],
     return gathered
 
 
-async def _one_group(model: TrainableModel, example: Example, task: Task, n: int, policy: str) -> TrajectoryGroup:
+async def _one_group(model: TrainableModel, example: Example, task: Task, n: int, policy: str,
+                     workers: RayRolloutPool | None = None) -> TrajectoryGroup:
     """`n` rollouts of one task from `policy` (A*-PO's reference samples: the base model)."""
     return (await run_groups(model, example, [task], n, progress=False, description="reference", policy=policy,
-                             max_exceptions=1.0))[0]
+                             max_exceptions=1.0, workers=workers))[0]
 
 
 def mean_reward(groups: list[TrajectoryGroup]) -> float | None:
@@ -215,11 +222,13 @@ def mean_reward(groups: list[TrajectoryGroup]) -> float | None:
 
 
 async def evaluate(model: TrainableModel, example: Example, tasks: list[Task], progress: bool,
-                   step: int | None = None, by_domain: dict[str, Any] | None = None) -> float | None:
+                   step: int | None = None, by_domain: dict[str, Any] | None = None,
+                   workers: RayRolloutPool | None = None) -> float | None:
     """Held-out reward of step `step` (the latest by default), logged as that step's. `by_domain`,
     if given, receives the reward per domain of tasks that name one."""
     policy = None if step is None else f"{model.name}@{step}"
-    groups = await run_groups(model, example, tasks, 1, progress=progress, description="eval", policy=policy)
+    groups = await run_groups(model, example, tasks, 1, progress=progress, description="eval", policy=policy,
+                              workers=workers)
     await model.log(groups, split="val", step=step)
     if by_domain is not None:
         by_domain.update({d: f["reward_mean"] for d, f in domain_figures(groups).items()})
@@ -323,6 +332,7 @@ class Summary:
         self.evals: list[dict[str, Any]] = [e for e in previous.get("evals", []) if e["step"] <= resumed_at] \
             if same else []
         self.seconds_before = previous.get("seconds", 0.0) if same else 0.0
+        self.rollout_workers: dict[str, Any] | None = None  # the Ray workers' figures, when rollouts ran there
 
     def judge_totals(self) -> dict[str, int] | None:
         """The judge's figures over every training attempt (see judge_figures)."""
@@ -337,6 +347,7 @@ class Summary:
                    "seconds": self.seconds_before + time.time() - self.started,
                    **({"judge": judge} if (judge := self.judge_totals()) else {}),
                    **({"stopped": stopped} if stopped else {}),
+                   **({"rollout_workers": self.rollout_workers} if self.rollout_workers else {}),
                    "evals": self.evals, "history": self.history}
         self.path.write_text(json.dumps(summary, indent=2))
         return summary
@@ -362,23 +373,39 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
             setattr(example.settings, key, value)
     if cfg.reward == "ruler" and not cfg.judge:
         raise ConfigError("--reward ruler needs --judge (a litellm model or http://host/v1#model)")
-    apo = cfg.train.baseline == "given"
     if cfg.start_level >= example.levels() or (cfg.curriculum and example.levels() < 2):
         raise ConfigError(f"example {example.name!r} has {example.levels()} difficulty level(s): "
                           + ("--curriculum needs two or more" if cfg.curriculum else
                              f"--start-level {cfg.start_level} is past its last ({example.levels() - 1})"))
     example.level = cfg.start_level
+    if cfg.ray is not None:
+        check_ray_address(cfg.ray.address)
     model = await TrainableModel(cfg.run, project=cfg.project, retry_seconds=cfg.retry_seconds).register(
         cfg.server, cfg.api_key)
+    # The judge scores groups here, on the driver, once their rollouts are back.
     hook = group_hook(cfg, example, model)
-    if apo and hook is not None:
+    if cfg.train.baseline == "given" and hook is not None:
         raise ConfigError("A*-PO (--loss apo) needs an absolute reward for V*(x), and this run's groups are scored by "
                           "a judge that ranks a group against itself (--reward ruler, or the example's own): use "
                           "--reward env and an example without a group judge")
+    if cfg.ray is None:
+        return await _train_loop(cfg, example, model, hook, None)
+    workers = await RayRolloutPool(cfg.ray, example, model.server_url, cfg.api_key, cfg.run).start()
+    print(workers.describe(), flush=True)
+    try:
+        return await _train_loop(cfg, example, model, hook, workers)
+    finally:
+        workers.close()
+
+
+async def _train_loop(cfg: LoopConfig, example: Example, model: TrainableModel, hook: Any,
+                      workers: RayRolloutPool | None) -> dict[str, Any]:
+    apo = cfg.train.baseline == "given"
     cfg.out.mkdir(parents=True, exist_ok=True)
     held_out = example.eval_tasks()[: cfg.eval_tasks]  # the starting level's: before and after compare
     rng, drawn = random.Random(cfg.seed), []
     summary = Summary(cfg.out / "summary.json", cfg.run, resumed_at=model.step)
+    summary.rollout_workers = workers.figures if workers else None
     train_cfg = cfg.train.model_copy(update={"max_steps_off_policy": cfg.max_steps_off_policy})
     # The task source: its level moves with the curriculum; a resumed run takes the level it reached.
     source = {"tasks": example.train_tasks(cfg.seed), "success": None}
@@ -393,7 +420,7 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
 
     async def eval_now() -> None:
         step, by_domain = model.step, {}
-        reward = await evaluate(model, example, held_out, cfg.progress, step, by_domain)
+        reward = await evaluate(model, example, held_out, cfg.progress, step, by_domain, workers)
         summary.evals.append({"step": step, "reward": reward, "wall_seconds": time.time() - summary.started,
                               **({"by_domain": by_domain} if by_domain else {})})
         domains = ", ".join(f"{d} {_figure(r)}" for d, r in by_domain.items())
@@ -405,7 +432,7 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
         tasks = example.eval_tasks()[: cur.eval_tasks]
         # The step has trained: a check whose rollouts all failed measures nothing and moves nothing.
         groups = await run_groups(model, example, tasks, 1, progress=cfg.progress, description="level check",
-                                  policy=f"{model.name}@{step}", max_exceptions=1.0)
+                                  policy=f"{model.name}@{step}", max_exceptions=1.0, workers=workers)
         success = success_rate([t.reward for g in groups for t in g.trajectories], cur.success_at)
         level = next_level(example.level, success, cur.threshold, example.levels())
         print(f"curriculum @ step {step}: level {example.level} held-out success "
@@ -425,7 +452,7 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
         if values is not None:
             for _ in range(MAX_UNSOLVED_DRAWS):
                 key = f"{task.metadata.get('level', 0)}/{task.id}"
-                est = await values.get(key, lambda n, t=task: _one_group(model, example, t, n, reference))
+                est = await values.get(key, lambda n, t=task: _one_group(model, example, t, n, reference, workers))
                 if not est.usable:  # every reference sample failed: this draw's rollouts failed
                     return TrajectoryGroup(exceptions=list(est.errors), metadata=dict(task.metadata))
                 if values.trainable(est):
@@ -436,7 +463,7 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
             else:
                 raise NothingToRegress(MAX_UNSOLVED_DRAWS, cfg.value_samples)
         groups = await run_groups(model, example, [task], cfg.group_size, hook, progress=False,
-                                  policy=policy, max_exceptions=1.0)
+                                  policy=policy, max_exceptions=1.0, workers=workers)
         group = groups[0]
         group.value = value
         if cfg.curriculum:
@@ -562,6 +589,10 @@ def main(
     retry_seconds: float = typer.Option(None, envvar="ARTISAN_RETRY_SECONDS",
                                         help="How long a call waits out an unreachable server (a restart) before "
                                              "the run gives up [default: 300]."),
+    ray_address: str = typer.Option(None, help="Run rollouts on this Ray cluster's nodes (ray://host:10001 or "
+                                               "host:6379), in a pool of workers; the judge stays here."),
+    ray_workers: int = typer.Option(None, help="Rollout workers on the Ray cluster, 1 CPU each [default: 2]."),
+    ray_worker_concurrency: int = typer.Option(None, help="Rollouts one Ray worker runs at once [default: 32]."),
     debug: bool = typer.Option(False, "--debug", envvar="ARTISAN_DEBUG",
                                help="Show the full traceback of an error (also ARTISAN_DEBUG=1)."),
 ) -> None:
@@ -579,10 +610,21 @@ def main(
                           skip_unsolved=not keep_unsolved,
                           rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens,
                                              "temperature": temperature},
-                          example_kwargs=example_options(list(ctx.args)))
+                          example_kwargs=example_options(list(ctx.args)),
+                          ray=ray_options(ray_address, ray_workers, ray_worker_concurrency))
         summary = asyncio.run(train_loop(cfg, load_example(cfg.example, **cfg.example_kwargs)))
         print(json.dumps({k: summary[k] for k in ("eval_reward_before", "eval_reward_after", "steps", "seconds", "judge")
                           if k in summary}))
+
+
+def ray_options(address: str | None, workers: int | None, concurrency: int | None) -> dict[str, Any] | None:
+    """The Ray flags as RayWorkers' fields; None (rollouts run here) without --ray-address."""
+    if address is None:
+        if workers is not None or concurrency is not None:
+            raise ConfigError("--ray-workers and --ray-worker-concurrency need --ray-address")
+        return None
+    given = {"workers": workers, "concurrency": concurrency}
+    return {"address": address, **{k: v for k, v in given.items() if v is not None}}
 
 
 def loop_config(**options: Any) -> LoopConfig:
@@ -616,7 +658,8 @@ def loop_config(**options: Any) -> LoopConfig:
     try:
         return LoopConfig(**options)
     except ValidationError as exc:
-        raise ConfigError(validation_line(exc, {"name": "--run"})) from None
+        raise ConfigError(validation_line(exc, {"name": "--run", "address": "--ray-address", "workers": "--ray-workers",
+                                                "concurrency": "--ray-worker-concurrency"})) from None
 
 
 if __name__ == "__main__":
