@@ -3,6 +3,8 @@ minibatch's micro-batches are dealt to ranks, how the ranks' figures add up to t
 that a step's token loss travels to a training process."""
 
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from protocol.config import TrainConfig
 from server.training.batching import Microbatch, deal, make_microbatch
 from server.training.assemble import TrainSequence
 from server.training.optimize import RL_LOSSES, OptimizeStats, rl_loss, sft_loss
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize("costs,world", [([5, 1, 3, 3, 8, 2], 2), ([4, 4, 4], 3), ([7], 2), ([], 2), ([1, 2, 3], 1),
@@ -78,3 +81,12 @@ def test_an_unknown_loss_is_refused_when_the_step_is_planned():
     cfg = TrainConfig().model_copy(update={"loss": "nope"})
     with pytest.raises(ValueError, match="unknown loss 'nope'"):
         rl_loss(cfg)
+
+
+def test_one_training_process_trains_in_the_server_process_without_ray():
+    code = ("import sys; from server.app import make_optimizer; from server.settings import Settings; "
+            "from server.training.optimize import optimize; "
+            "assert make_optimizer(Settings(train_processes=1), None) is optimize; "
+            "assert 'ray' not in sys.modules and 'server.training.data_parallel' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
