@@ -265,4 +265,4 @@ class DataParallelTrainer:
 
 def _reason(exc: BaseException) -> str:
     """The first line of a Ray error: which actor died and why, not its whole traceback."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
