@@ -264,5 +264,9 @@ class DataParallelTrainer:
 
 
 def _reason(exc: BaseException) -> str:
-    """The first line of a Ray error: which actor died and why, not its whole traceback."""
+    """Why a rank failed, in one line: the exception it raised, or the first line of Ray's account
+    of its death (not the whole traceback)."""
+    cause = getattr(exc, "cause", None)  # a RayTaskError carries the rank's own exception
+    if isinstance(cause, BaseException) and not isinstance(cause, type(exc)):
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
