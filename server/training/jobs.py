@@ -75,9 +75,9 @@ class Job:
 class JobManager:
     def __init__(self, runs: RunManager, store: Store, export_queue: ExportQueue | None = None,
                  keep_trajectory_steps: int | None = None, time_limit: float = 6 * 3600,
-                 optimizer: Callable[..., Any] = optimize):
+                 optimize_step: Callable[..., Any] = optimize):
         self.runs, self.store = runs, store
-        self.optimize = optimizer  # in this process, or a DataParallelTrainer's (server/training/data_parallel.py)
+        self.optimize = optimize_step  # in this process, or a DataParallelTrainer's (server/training/data_parallel.py)
         self.targets = CommitTargets(runs, store, export_queue, keep_trajectory_steps)
         self.time_limit = time_limit
         self._queue: "queue.Queue[Job | None]" = queue.Queue()

@@ -187,13 +187,13 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
     host = run.host
     n_tokens = sum(s.n_loss_tokens for s in mini)
     seq_lengths = torch.tensor([max(s.n_loss_tokens, 1) for s in mini], dtype=torch.float32, device=host.device)
-    rows = plan([len(s.ids) for s in mini], p.max_tokens_per_microbatch)
-    # Micro-batches keep their minibatch-wide index r, so the figures measured on the first one
-    # (KL) are measured once, by the rank that has it.
-    mine = range(len(rows)) if shard is None else \
-        deal([len(row) * len(mini[row[0]].ids) for row in rows], shard.world)[shard.rank]
+    microbatches = plan([len(s.ids) for s in mini], p.max_tokens_per_microbatch)  # longest sequence first
+    # Micro-batches keep their minibatch-wide index r, so the figure measured on the first one
+    # (KL to base) is measured once, by the rank that has it.
+    mine = range(len(microbatches)) if shard is None else \
+        deal([len(row) * len(mini[row[0]].ids) for row in microbatches], shard.world)[shard.rank]
     for r in mine:
-        row = rows[r]
+        row = microbatches[r]
         if should_stop():
             return True
         mb = make_microbatch([mini[i] for i in row], row, host.device, host.tokenizer.pad_token_id or 0)
