@@ -64,6 +64,19 @@ def make_engine(settings: Settings, host: ModelHost) -> Any:
     return TorchEngine(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting)
 
 
+def make_optimizer(settings: Settings, host: ModelHost) -> Any:
+    """Where training steps optimise: in this process, or on --train-processes data-parallel
+    processes (connecting to Ray here, so an unreachable cluster stops start-up at once)."""
+    if settings.train_processes == 1:
+        from server.training.optimize import optimize
+
+        return optimize
+    from server.training.data_parallel import DataParallelTrainer
+
+    return DataParallelTrainer(settings.train_processes, settings.ray_address, host.model_dir, host.device, host.dtype,
+                               settings.gradient_checkpointing).optimize
+
+
 def build_state(settings: Settings) -> ServerState:
     lock_data_dir(Path(settings.data_dir))  # before anything is loaded: a second server stops at once
     queue = export_queue.build(settings)  # None unless --export asks; early, so a bad one stops start-up at once
@@ -73,7 +86,8 @@ def build_state(settings: Settings) -> ServerState:
     data_dir = Path(settings.data_dir)
     store = Store(data_dir / "artisan.sqlite")
     runs = RunManager(host, engine, served, data_dir)
-    jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, settings.job_time_limit)
+    jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, settings.job_time_limit,
+                      make_optimizer(settings, host))
     sessions = Sessions(ttl=settings.session_ttl, max_sessions=settings.max_sessions,
                         max_exchanges=settings.session_max_exchanges, max_tokens=settings.session_max_tokens)
     return ServerState(settings, host, engine, served, runs, store, jobs, queue, sessions,

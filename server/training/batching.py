@@ -80,3 +80,16 @@ def make_microbatch(seqs: list[TrainSequence], seq_ids: list[int], device: torch
         temperatures=t(temps), advantages=t(adv), weights=t(w), seq_index=t(sidx, torch.long),
         n_tokens=real, n_padding=len(seqs) * width - real,
     )
+
+
+def deal(costs: list[int], world: int) -> list[list[int]]:
+    """Micro-batch indices for each of `world` data-parallel ranks, balanced by cost (padded
+    tokens): the costliest first, each to the rank with the least so far. Every index goes to
+    exactly one rank, in ascending order there; a rank may get none."""
+    shares: list[list[int]] = [[] for _ in range(world)]
+    load = [0] * world
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        shares[rank].append(i)
+        load[rank] += costs[i]
+    return [sorted(s) for s in shares]

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from protocol.jobs import TERMINAL_EVENTS, RLJob, SFTJob, TrainResult
 from protocol.metrics import StepMetrics
@@ -27,7 +27,7 @@ from server.faults import crash_point
 from server.store import Store, storage_failure
 from server.training import checkpoints, steps
 from server.training.commit import Attempt, CommitTargets, commit_step, roll_back
-from server.training.optimize import Cancelled
+from server.training.optimize import Cancelled, optimize
 from server.training.runs import Run, RunManager
 
 log = logging.getLogger("artisan.jobs")
@@ -74,8 +74,10 @@ class Job:
 
 class JobManager:
     def __init__(self, runs: RunManager, store: Store, export_queue: ExportQueue | None = None,
-                 keep_trajectory_steps: int | None = None, time_limit: float = 6 * 3600):
+                 keep_trajectory_steps: int | None = None, time_limit: float = 6 * 3600,
+                 optimize_step: Callable[..., Any] = optimize):
         self.runs, self.store = runs, store
+        self.optimize = optimize_step  # in this process, or a DataParallelTrainer's (server/training/data_parallel.py)
         self.targets = CommitTargets(runs, store, export_queue, keep_trajectory_steps)
         self.time_limit = time_limit
         self._queue: "queue.Queue[Job | None]" = queue.Queue()
@@ -230,7 +232,7 @@ class JobManager:
         attempt = Attempt(job.id, job.key, job.request, run.next_step)
         try:
             crash_point("step_start")
-            computed = steps.compute(run, job.request, steps.Hooks(progress, stop))
+            computed = steps.compute(run, job.request, steps.Hooks(progress, stop, self.optimize))
             result = commit_step(self.targets, run, attempt, computed)
         except Cancelled:
             if job.cancel.is_set():

@@ -7,6 +7,7 @@ needs (logprob gap, clip fraction, entropy, KL to base, grad norms) is measured 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -16,7 +17,7 @@ import torch
 from protocol.config import SFTConfig, TrainConfig
 from server.training import losses
 from server.training.assemble import TrainSequence
-from server.training.batching import Microbatch, make_microbatch, plan
+from server.training.batching import Microbatch, deal, make_microbatch, plan
 
 # (trainer logprobs with grad, micro-batch) -> (per-token loss, per-token clipped)
 TokenLoss = Callable[[torch.Tensor, Microbatch], tuple[torch.Tensor, torch.Tensor]]
@@ -53,22 +54,42 @@ class OptimPlan:
                    cfg.max_grad_norm)
 
 
+RL_LOSSES = ("ppo", "cispo", "importance_sampling", "awr", "apo")
+
+
 def rl_loss(cfg: TrainConfig) -> TokenLoss:
+    """The submission's token loss; a partial of a module function, so that it pickles to the
+    data-parallel training processes (server/training/data_parallel.py)."""
+    if cfg.loss not in RL_LOSSES:
+        raise ValueError(f"unknown loss {cfg.loss!r}")
+    return functools.partial(_rl_token_loss, cfg)
+
+
+def _rl_token_loss(cfg: TrainConfig, lp: torch.Tensor, mb: Microbatch) -> tuple[torch.Tensor, torch.Tensor]:
     if cfg.loss == "ppo":
-        return lambda lp, mb: losses.ppo_loss(lp, mb.old_logprobs, mb.advantages, cfg.epsilon_low, cfg.epsilon_high)
+        return losses.ppo_loss(lp, mb.old_logprobs, mb.advantages, cfg.epsilon_low, cfg.epsilon_high)
     if cfg.loss == "cispo":
-        return lambda lp, mb: losses.cispo_loss(lp, mb.old_logprobs, mb.advantages, cfg.epsilon_low, cfg.epsilon_high)
+        return losses.cispo_loss(lp, mb.old_logprobs, mb.advantages, cfg.epsilon_low, cfg.epsilon_high)
     if cfg.loss == "importance_sampling":
-        return lambda lp, mb: losses.truncated_is_loss(lp, mb.old_logprobs, mb.advantages, cfg.is_truncation_cap)
+        return losses.truncated_is_loss(lp, mb.old_logprobs, mb.advantages, cfg.is_truncation_cap)
     if cfg.loss == "awr":
-        return lambda lp, mb: losses.awr_loss(lp, mb.weights)
-    if cfg.loss == "apo":
-        return lambda lp, mb: losses.apo_loss(lp, mb.ref_logprobs, mb.advantages, mb.seq_index, cfg.apo_beta)
-    raise ValueError(f"unknown loss {cfg.loss!r}")
+        return losses.awr_loss(lp, mb.weights)
+    return losses.apo_loss(lp, mb.ref_logprobs, mb.advantages, mb.seq_index, cfg.apo_beta)
 
 
 def sft_loss(lp: torch.Tensor, mb: Microbatch) -> tuple[torch.Tensor, torch.Tensor]:
     return -lp, torch.zeros_like(lp, dtype=torch.bool)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One rank's part of a data-parallel step (server/training/data_parallel.py): it computes
+    the micro-batches `batching.deal` gives it, then `reduce` sums every rank's gradients into
+    its own in place and answers whether any rank was told to stop."""
+
+    rank: int
+    world: int
+    reduce: Callable[[list[torch.nn.Parameter], bool], bool]
 
 
 @dataclass
@@ -101,6 +122,18 @@ class OptimizeStats:
             "padding_fraction": self.padding_tokens / max(self.row_tokens + self.padding_tokens, 1),
         }
 
+    @classmethod
+    def merged(cls, ranks: list["OptimizeStats"]) -> "OptimizeStats":
+        """The step's figures from its ranks': sums add up; grad norms and optimizer steps are
+        taken after the all-reduce, the same on every rank, so rank 0's are the step's."""
+        total = cls(grad_norms=list(ranks[0].grad_norms), skipped_steps=ranks[0].skipped_steps,
+                    optimizer_steps=ranks[0].optimizer_steps)
+        for part in ranks:
+            for name in ("loss", "loss_tokens", "row_tokens", "padding_tokens", "gap_sum", "gap_tokens", "clipped",
+                         "entropy_sum", "kl_sum", "kl_tokens"):
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+        return total
+
 
 def _forward_logprobs(host: Any, mb: Microbatch, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprobs of the targets at each token's own sampling temperature, and the full
@@ -116,7 +149,8 @@ def _forward_logprobs(host: Any, mb: Microbatch, grad: bool) -> tuple[torch.Tens
 
 def optimize(run: Any, sequences: list[TrainSequence], p: OptimPlan, token_loss: TokenLoss,
              measure_gap: bool = True, measure_kl: bool = True, loss_scale: float = 1.0,
-             should_stop: Callable[[], bool] = lambda: False) -> OptimizeStats:
+             should_stop: Callable[[], bool] = lambda: False, shard: Shard | None = None) -> OptimizeStats:
+    """`shard`: this process computes one rank's micro-batches of a data-parallel step; None: all."""
     host, stats = run.host, OptimizeStats()
     for group in run.optimizer.param_groups:
         group["lr"], group["weight_decay"] = p.learning_rate, p.weight_decay
@@ -126,8 +160,13 @@ def optimize(run: Any, sequences: list[TrainSequence], p: OptimPlan, token_loss:
         for mi, mini in enumerate(minibatches):
             first_pass = epoch == 0 and mi == 0  # the policy is still the one that sampled
             run.optimizer.zero_grad(set_to_none=True)
-            _accumulate(run, mini, p, token_loss, stats, epoch == 0, n_mini, loss_scale, should_stop,
-                        measure_gap=measure_gap and first_pass, measure_kl=measure_kl and first_pass)
+            stopped = _accumulate(run, mini, p, token_loss, stats, epoch == 0, n_mini, loss_scale, should_stop,
+                                  measure_gap=measure_gap and first_pass, measure_kl=measure_kl and first_pass,
+                                  shard=shard)
+            if shard is not None:
+                stopped = shard.reduce(run.params, stopped)  # every rank stops at the same point, or none does
+            if stopped:
+                raise Cancelled()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, p.max_grad_norm))
             if not math.isfinite(grad_norm):
                 run.optimizer.zero_grad(set_to_none=True)  # a NaN step would poison the adapter for good
@@ -142,14 +181,21 @@ def optimize(run: Any, sequences: list[TrainSequence], p: OptimPlan, token_loss:
 
 def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: TokenLoss, stats: OptimizeStats,
                 count: bool, n_mini: int, loss_scale: float, should_stop: Callable[[], bool], measure_gap: bool,
-                measure_kl: bool) -> None:
-    """Forward and backward every micro-batch of one minibatch into the gradients."""
+                measure_kl: bool, shard: Shard | None = None) -> bool:
+    """Forward and backward every micro-batch of one minibatch (or of this rank's share of it)
+    into the gradients. Returns True when told to stop before it was done."""
     host = run.host
     n_tokens = sum(s.n_loss_tokens for s in mini)
     seq_lengths = torch.tensor([max(s.n_loss_tokens, 1) for s in mini], dtype=torch.float32, device=host.device)
-    for r, row in enumerate(plan([len(s.ids) for s in mini], p.max_tokens_per_microbatch)):
+    microbatches = plan([len(s.ids) for s in mini], p.max_tokens_per_microbatch)  # longest sequence first
+    # Micro-batches keep their minibatch-wide index r, so the figure measured on the first one
+    # (KL to base) is measured once, by the rank that has it.
+    mine = range(len(microbatches)) if shard is None else \
+        deal([len(row) * len(mini[row[0]].ids) for row in microbatches], shard.world)[shard.rank]
+    for r in mine:
+        row = microbatches[r]
         if should_stop():
-            raise Cancelled()
+            return True
         mb = make_microbatch([mini[i] for i in row], row, host.device, host.tokenizer.pad_token_id or 0)
         ref_lp = None
         kl_here = p.kl_coef > 0 or (measure_kl and r == 0)
@@ -181,4 +227,5 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
             if measure_gap:
                 stats.gap_sum += float((lp - mb.old_logprobs).abs().sum())
                 stats.gap_tokens += mb.n_loss_tokens
+    return False
 

@@ -72,6 +72,11 @@ class Run:
         return StepMetrics.model_validate(meta.get("metrics", {})) if meta.get("kind") == kind else None
 
 
+def new_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """A run's optimizer; data-parallel training processes build the same one over their copy."""
+    return torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0)
+
+
 def adapter_name(run: str, suffix: str) -> str:
     # peft adapter names are module attribute names: the run name is kept distinct by a hex tail,
     # so `x-y`, `x_y` and `x.y` never collide.
@@ -155,7 +160,7 @@ class RunManager:
             params = self.host.adapter_params(adapter)
             for p in params:
                 p.requires_grad_(True)
-        optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0)
+        optimizer = new_optimizer(params)
         run = Run(spec, run_dir, 0, adapter, optimizer, params, self.host,
                   highest_used=checkpoints.highest_used(run_dir / "checkpoints"), damaged=damaged)
         if done:

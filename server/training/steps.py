@@ -31,16 +31,19 @@ from server.training.assemble import AssemblyStats, TrainSequence, assemble_hist
 from server.training.health import NON_FINITE_UPDATE, step_warnings
 from server.training.hyperparams import default_learning_rate
 from server.training.losses import signal_share
-from server.training.optimize import OptimPlan, optimize, rl_loss, sft_loss
+from server.training.optimize import OptimizeStats, OptimPlan, optimize, rl_loss, sft_loss
 from server.training.runs import Run
 
 
 @dataclass
 class Hooks:
-    """How a step talks to the job running it."""
+    """How a step talks to the job running it, and where its optimisation pass runs."""
 
     progress: Callable[[str, dict[str, Any]], None] = lambda stage, data: None
     should_stop: Callable[[], bool] = lambda: False  # cancelled, or past the job's time limit
+    # The optimisation pass: in this process, or dealt to data-parallel training processes
+    # (server/training/data_parallel.py); the same arguments and result either way.
+    optimize: Callable[..., OptimizeStats] = optimize
 
 
 @dataclass
@@ -188,7 +191,7 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
         m.signal_share = signal_share(cfg.loss_aggregation, m.trainable_tokens, len(batch.sequences),
                                       batch.dropped_tokens, batch.dropped_sequences)
     plan = OptimPlan.for_rl(cfg, cfg.learning_rate or default_learning_rate(run.host.config))
-    fit(run, plan, m, t0, batch.sequences[0], lambda: optimize(
+    fit(run, plan, m, t0, batch.sequences[0], lambda: hooks.optimize(
         run, batch.sequences, plan, rl_loss(cfg), loss_scale=m.signal_share, should_stop=hooks.should_stop))
     return _measured(run, "rl", m)
 
@@ -203,7 +206,7 @@ def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, hooks:
         m.step_seconds = time.time() - t0
         return _measured(run, "sft", m)
     plan = OptimPlan.for_sft(cfg, cfg.learning_rate or default_learning_rate(run.host.config), len(sequences))
-    fit(run, plan, m, t0, sequences[0], lambda: optimize(
+    fit(run, plan, m, t0, sequences[0], lambda: hooks.optimize(
         run, sequences, plan, sft_loss, measure_gap=False, measure_kl=False, should_stop=hooks.should_stop))
     return _measured(run, "sft", m)
 
