@@ -64,7 +64,7 @@ def _choice(seq: DecodeSequence, sampling: dict[str, Any]) -> dict[str, Any]:
 
 @router.post("/inference/v1/generate")
 async def generate(body: GenerateRequest, request: Request, state: State) -> dict[str, Any]:
-    policy = await resolve_policy(state, body.model)
+    policy = await resolve_policy(state, body.model, require_api_key(request))
     params = _sampling_params(state, body)
     gen, events = submit(state, policy, body.token_ids, params)
     try:

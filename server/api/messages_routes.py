@@ -59,7 +59,7 @@ async def _message(body: MessagesRequest, request: Request, state: ServerState, 
             stream=body.stream, chat_template_kwargs=body.chat_template_kwargs)
     except translate.TranslationError as e:
         raise APIError(400, str(e), param=e.param, code="invalid_value")
-    c = await completions.start(state, chat, record)
+    c = await completions.start(state, chat, require_api_key(request), record)
     msg_id = "msg_" + uuid.uuid4().hex[:24]
     if body.stream:
         return StreamingResponse(_events(state, c, request, msg_id, body), media_type="text/event-stream")

@@ -63,7 +63,7 @@ async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
             chat_template_kwargs=body.chat_template_kwargs)
     except translate.TranslationError as e:
         raise APIError(400, str(e), param=e.param, code="invalid_value")
-    c = await completions.start(state, chat, record)
+    c = await completions.start(state, chat, require_api_key(request), record)
     r = _Response(body, "resp_" + uuid.uuid4().hex, int(time.time()), c)
 
     def keep(choice: dict[str, Any]) -> None:

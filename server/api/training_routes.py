@@ -14,13 +14,14 @@ from protocol.choices import INT64
 from protocol.config import RunSpec
 from protocol.jobs import TERMINAL_EVENTS, JobRequest, RLJob, SFTJob
 from protocol.trajectory import TrajectoryGroup
-from server.api.auth import require_api_key
-from server.api.deps import RunDep, ServerState, State
+from server.api.auth import Caller, CallerDep, require_api_key
+from server.api.deps import RunDep, ServerState, State, may_see_run
 from server.api.errors import APIError
 from server.api.limits import GuardedRoute
 from server.store import trajectory_rows
 from server.training.assemble import AssemblyError, check_submission
 from server.training.jobs import ACTIVE, KeyConflict
+from server.ownership import NameTaken, RunLimit
 from server.training.runs import Run, RunConflict
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
@@ -41,23 +42,42 @@ class PruneRequest(BaseModel):
     keep_last: int = Field(default=1, ge=1, le=INT64)
 
 
+def _name_taken(name: str) -> APIError:
+    # Run names are one namespace: this 409 is the one answer that tells a name is in use.
+    return APIError(409, f"run name {name!r} is taken by another key; choose another name", param="name",
+                    code="run_name_taken")
+
+
 @router.post("/v1/runs")
-async def create_run(spec: RunSpec, state: State) -> dict[str, Any]:
+async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, Any]:
     if spec.base_model is not None and spec.base_model not in state.served.base_aliases:
         raise APIError(400, f"this server hosts {state.host.name!r}, not {spec.base_model!r}", param="base_model")
+    try:  # the name is claimed first, so two keys creating it at once cannot both get it
+        claimed = state.owners.claim(spec.name, who.owner, who.admin, state.settings.max_runs_per_key,
+                                     spec.project, spec.model_dump())
+    except NameTaken:
+        raise _name_taken(spec.name)
+    except RunLimit as e:
+        raise APIError(403, str(e), param="name", code="run_limit_reached")
     try:
         run, created = await asyncio.to_thread(state.runs.get_or_create, spec)
-    except RunConflict as e:
-        raise APIError(409, str(e), param="lora", code="run_conflict")
-    except ValueError as e:  # settings this model cannot take (target modules it does not have)
-        raise APIError(400, str(e), param="lora", code="invalid_value")
-    state.store.put_run(run.name, spec.project, spec.model_dump())
+    except BaseException as e:
+        if claimed:
+            state.owners.release(spec.name)
+        if isinstance(e, RunConflict):
+            raise APIError(409, str(e), param="lora", code="run_conflict") from None
+        if isinstance(e, ValueError):  # settings this model cannot take (target modules it does not have)
+            raise APIError(400, str(e), param="lora", code="invalid_value") from None
+        raise
+    if claimed and not created and not who.admin:  # a run with no recorded owner is the admin's
+        state.owners.release(spec.name)
+        raise _name_taken(spec.name)
     return {**run.info(), "created": created, "base_model": state.host.name}
 
 
 @router.get("/v1/runs")
-async def list_runs(state: State) -> dict[str, Any]:
-    return {"data": [r.info() for r in state.runs.all()]}
+async def list_runs(state: State, who: CallerDep) -> dict[str, Any]:
+    return {"data": [r.info() for r in state.runs.all() if may_see_run(state, who, r.name)]}
 
 
 @router.get("/v1/runs/{name}")
@@ -86,30 +106,33 @@ async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob) -> dict[s
             "after": submitted.attempt_from - 1}
 
 
-def _found(job: dict[str, Any] | None, job_id: str) -> dict[str, Any]:
-    if job is None:
+def _found(state: ServerState, who: Caller, job_id: str) -> dict[str, Any]:
+    """The job, when it exists and is of a run the caller may see (another tenant's is absent)."""
+    job = state.jobs.get(job_id)
+    if job is None or not may_see_run(state, who, job["run"]):
         raise APIError(404, f"job {job_id!r} does not exist", code="job_not_found")
     return job
 
 
 @router.get("/v1/jobs/{job_id}")
-async def get_job(job_id: JobId, state: State) -> dict[str, Any]:
-    return _found(state.jobs.get(job_id), job_id)
+async def get_job(job_id: JobId, state: State, who: CallerDep) -> dict[str, Any]:
+    return _found(state, who, job_id)
 
 
 @router.delete("/v1/jobs/{job_id}")
-async def cancel_job(job_id: JobId, state: State) -> dict[str, Any]:
+async def cancel_job(job_id: JobId, state: State, who: CallerDep) -> dict[str, Any]:
     """Cancel a queued or running job: a step it has not committed never lands."""
-    return _found(state.jobs.cancel(job_id), job_id)
+    _found(state, who, job_id)
+    return state.jobs.cancel(job_id)
 
 
 @router.get("/v1/jobs/{job_id}/events")
-async def job_events(job_id: JobId, request: Request, state: State, after: int = Query(-1, ge=-1, le=INT64)):
+async def job_events(job_id: JobId, request: Request, state: State, who: CallerDep,
+                     after: int = Query(-1, ge=-1, le=INT64)):
     """Server-sent events from `after` on; the stream ends after the job's terminal event.
     A client that lost its connection reconnects with the last `seq` it saw."""
     jobs = state.jobs
-    if jobs.get(job_id) is None:
-        raise APIError(404, f"job {job_id!r} does not exist", code="job_not_found")
+    _found(state, who, job_id)
 
     async def stream():
         last, idle = after, 0.0
