@@ -104,7 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     limits.install(app, settings)
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "the engine is down"}})
     async def health() -> JSONResponse:
         alive = state.engine.alive  # a 503 tells a load balancer or supervisor to act
         # Damaged data found at start: the server serves what it can (200), and says what it lost.

@@ -18,11 +18,13 @@ from server.api import completions
 from server.api.auth import CallerDep, require_api_key
 from server.api.deps import ServerState, SessionId, State, open_session
 from server.api.engine_requests import served_names
+from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.api.schemas import ChatCompletionRequest
 from server.api.streaming import stream_chunks
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
 
 
 @router.get("/v1/models")
@@ -38,12 +40,12 @@ async def list_models_in_session(session_id: SessionId, state: State, who: Calle
     return await list_models(state, who)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=documented(404, 409))
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State):
     return await _chat(body, request, state, None)
 
 
-@router.post("/v1/sessions/{session_id}/chat/completions")
+@router.post("/v1/sessions/{session_id}/chat/completions", responses=documented(403, 404, 409, 429))
 async def chat_completions_in_session(session_id: SessionId, body: ChatCompletionRequest, request: Request,
                                       state: State):
     return await _chat(body, request, state, open_session(state, session_id, request))

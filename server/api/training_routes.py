@@ -16,7 +16,7 @@ from protocol.jobs import TERMINAL_EVENTS, JobRequest, RLJob, SFTJob
 from protocol.trajectory import TrajectoryGroup
 from server.api.auth import Caller, CallerDep, require_api_key
 from server.api.deps import RunDep, ServerState, State, may_see_run
-from server.api.errors import APIError
+from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.store import trajectory_rows
 from server.training.assemble import AssemblyError, check_submission
@@ -24,9 +24,11 @@ from server.training.jobs import ACTIVE, KeyConflict
 from server.ownership import NameTaken, RunLimit
 from server.training.runs import Run, RunConflict
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
 SPLIT = r"^[A-Za-z0-9_-]{1,32}$"
 StepPath = Annotated[int, Path(ge=0, le=INT64)]
+RUN = documented(404, 409)  # a run-scoped route: no such run (or not this key's), or a damaged checkpoint
 JobId = Annotated[str, Path(pattern=r"^job-[0-9a-f]{16}$", description="a job's id")]
 
 
@@ -48,7 +50,7 @@ def _name_taken(name: str) -> APIError:
                     code="run_name_taken")
 
 
-@router.post("/v1/runs")
+@router.post("/v1/runs", responses=documented(403, 409))
 async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, Any]:
     if spec.base_model is not None and spec.base_model not in state.served.base_aliases:
         raise APIError(400, f"this server hosts {state.host.name!r}, not {spec.base_model!r}", param="base_model")
@@ -80,12 +82,12 @@ async def list_runs(state: State, who: CallerDep) -> dict[str, Any]:
     return {"data": [r.info() for r in state.runs.all() if may_see_run(state, who, r.name)]}
 
 
-@router.get("/v1/runs/{name}")
+@router.get("/v1/runs/{name}", responses=RUN)
 async def get_run(run: RunDep, state: State) -> dict[str, Any]:
     return {**run.info(), "steps": state.store.steps(run.name)}
 
 
-@router.post("/v1/runs/{name}/jobs", status_code=202)
+@router.post("/v1/runs/{name}/jobs", status_code=202, responses=RUN)
 async def submit_job(run: RunDep, state: State, job: JobRequest) -> dict[str, Any]:
     return await queue_job(state, run, job)
 
@@ -114,19 +116,19 @@ def _found(state: ServerState, who: Caller, job_id: str) -> dict[str, Any]:
     return job
 
 
-@router.get("/v1/jobs/{job_id}")
+@router.get("/v1/jobs/{job_id}", responses=documented(404))
 async def get_job(job_id: JobId, state: State, who: CallerDep) -> dict[str, Any]:
     return _found(state, who, job_id)
 
 
-@router.delete("/v1/jobs/{job_id}")
+@router.delete("/v1/jobs/{job_id}", responses=documented(404))
 async def cancel_job(job_id: JobId, state: State, who: CallerDep) -> dict[str, Any]:
     """Cancel a queued or running job: a step it has not committed never lands."""
     _found(state, who, job_id)
     return state.jobs.cancel(job_id)
 
 
-@router.get("/v1/jobs/{job_id}/events")
+@router.get("/v1/jobs/{job_id}/events", responses=documented(404))
 async def job_events(job_id: JobId, request: Request, state: State, who: CallerDep,
                      after: int = Query(-1, ge=-1, le=INT64)):
     """Server-sent events from `after` on; the stream ends after the job's terminal event.
@@ -161,12 +163,12 @@ async def job_events(job_id: JobId, request: Request, state: State, who: CallerD
     return StreamingResponse(stream(), media_type="text/event-stream")
 
 
-@router.get("/v1/runs/{name}/checkpoints")
+@router.get("/v1/runs/{name}/checkpoints", responses=RUN)
 async def list_checkpoints(run: RunDep, state: State) -> dict[str, Any]:
     return {"data": state.runs.list_checkpoints(run)}
 
 
-@router.delete("/v1/runs/{name}/checkpoints/{step}")
+@router.delete("/v1/runs/{name}/checkpoints/{step}", responses=RUN)
 async def delete_checkpoint(run: RunDep, step: StepPath, state: State) -> dict[str, Any]:
     try:
         state.runs.delete_checkpoint(run, step)
@@ -177,7 +179,7 @@ async def delete_checkpoint(run: RunDep, step: StepPath, state: State) -> dict[s
     return {"deleted": step}
 
 
-@router.post("/v1/runs/{name}/checkpoints/prune")
+@router.post("/v1/runs/{name}/checkpoints/prune", responses=RUN)
 async def prune_checkpoints(run: RunDep, body: PruneRequest, state: State) -> dict[str, Any]:
     deleted = state.runs.prune(run, body.best_metric, body.mode, body.keep_last)
     return {"deleted": deleted, "kept": [c["step"] for c in state.runs.list_checkpoints(run)]}
@@ -187,7 +189,7 @@ class RetainRequest(BaseModel):
     steps: list[Annotated[int, Field(ge=0, le=INT64)]] = Field(max_length=10_000)
 
 
-@router.post("/v1/runs/{name}/adapters/retain")
+@router.post("/v1/runs/{name}/adapters/retain", responses=RUN)
 async def retain_adapters(run: RunDep, body: RetainRequest, state: State) -> dict[str, Any]:
     """Keep these steps' adapters loaded for rollouts still sampling from them, and unload the
     others (the latest step and adapters a request is decoding on stay). An unloaded step is
@@ -196,7 +198,7 @@ async def retain_adapters(run: RunDep, body: RetainRequest, state: State) -> dic
     return {"retained": sorted(set(body.steps)), "loaded": loaded}
 
 
-@router.post("/v1/runs/{name}/log")
+@router.post("/v1/runs/{name}/log", responses=RUN)
 async def log_groups(run: RunDep, body: LogRequest, state: State) -> dict[str, Any]:
     """Store evaluation (or any non-training) groups for browsing; nothing is trained."""
     step = body.step if body.step is not None else run.step
@@ -209,7 +211,7 @@ async def log_groups(run: RunDep, body: LogRequest, state: State) -> dict[str, A
             "reward_mean": sum(rewards) / len(rewards) if rewards else None}
 
 
-@router.get("/v1/runs/{name}/trajectories")
+@router.get("/v1/runs/{name}/trajectories", responses=RUN)
 async def list_trajectories(run: RunDep, state: State, step: int | None = Query(None, ge=0, le=INT64),
                             split: str | None = Query(None, pattern=SPLIT)) -> dict[str, Any]:
     """Stored trajectories with their token ids and logprobs (what was trained or logged)."""

@@ -18,7 +18,7 @@ from fastapi.responses import FileResponse, RedirectResponse
 from protocol.choices import INT64
 from server.api.auth import Caller, CallerDep, require_api_key
 from server.api.deps import RunName, ServerState, State, may_see_run, run_not_found
-from server.api.errors import APIError
+from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.store import json_safe
 
@@ -30,7 +30,8 @@ _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'
 _PAGE_HEADERS = {"Content-Security-Policy": _CSP, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
 page = APIRouter(include_in_schema=False, route_class=GuardedRoute)
-api = APIRouter(prefix="/ui/api", dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+api = APIRouter(prefix="/ui/api", dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                responses=documented(401, 503))
 
 
 @page.get("/ui")
@@ -87,7 +88,7 @@ async def ui_runs(state: State, who: CallerDep) -> dict[str, Any]:
     return {"data": runs}
 
 
-@api.get("/runs/{name}")
+@api.get("/runs/{name}", responses=documented(404, 409))
 async def ui_run(name: RunName, state: State, who: CallerDep) -> dict[str, Any]:
     run = _require_run(state, who, name)
     store = state.store
@@ -97,7 +98,7 @@ async def ui_run(name: RunName, state: State, who: CallerDep) -> dict[str, Any]:
             "rewards": curves}
 
 
-@api.get("/runs/{name}/attempts")
+@api.get("/runs/{name}/attempts", responses=documented(404, 409))
 async def ui_attempts(name: RunName, state: State, who: CallerDep) -> dict[str, Any]:
     """Every attempt at a step of the run, oldest first, trained or not, with its figures and
     warnings: what explains a run that does not learn."""
@@ -106,7 +107,7 @@ async def ui_attempts(name: RunName, state: State, who: CallerDep) -> dict[str, 
     return json_safe({"run": name, "data": rows})
 
 
-@api.get("/runs/{name}/steps/{step}/groups")
+@api.get("/runs/{name}/steps/{step}/groups", responses=documented(404, 409))
 async def ui_step_groups(name: RunName, state: State, who: CallerDep, step: int = PathParam(ge=0, le=INT64),
                          split: str = Query("train", max_length=32)) -> dict[str, Any]:
     """A step's groups, those with the widest reward spread first: where the learning signal is."""
@@ -129,7 +130,7 @@ async def ui_step_groups(name: RunName, state: State, who: CallerDep, step: int 
     return json_safe({"run": name, "step": step, "split": split, "data": out})
 
 
-@api.get("/runs/{name}/trajectories")
+@api.get("/runs/{name}/trajectories", responses=documented(404, 409))
 async def ui_trajectories(name: RunName, state: State, who: CallerDep, step: int | None = Query(None, ge=0, le=INT64),
                           split: str | None = Query(None, max_length=32),
                           group: int | None = Query(None, ge=0, le=INT64),
@@ -148,7 +149,7 @@ async def ui_trajectories(name: RunName, state: State, who: CallerDep, step: int
     return json_safe({"data": rows[:limit], "truncated": len(rows) > limit})
 
 
-@api.get("/trajectories/{traj_id}")
+@api.get("/trajectories/{traj_id}", responses=documented(404, 409))
 async def ui_trajectory(state: State, who: CallerDep, traj_id: int = PathParam(ge=0, le=INT64)) -> dict[str, Any]:
     row = await asyncio.to_thread(state.store.trajectory, traj_id)
     if row is None or not may_see_run(state, who, row["run"]):
