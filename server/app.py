@@ -18,6 +18,7 @@ from server.api.deps import ServerState
 from server.data_lock import lock_data_dir
 from server.model_host import ChatOptions, ModelHost
 from server.model_source import resolve, served_name
+from server.ownership import Owners
 from server.response_store import ResponseStore
 from server.serving import ServedModels
 from server.sessions import Sessions
@@ -91,7 +92,7 @@ def build_state(settings: Settings) -> ServerState:
     sessions = Sessions(ttl=settings.session_ttl, max_sessions=settings.max_sessions,
                         max_exchanges=settings.session_max_exchanges, max_tokens=settings.session_max_tokens)
     return ServerState(settings, host, engine, served, runs, store, jobs, queue, sessions,
-                       ResponseStore(ttl=settings.session_ttl))
+                       ResponseStore(ttl=settings.session_ttl), Owners(store))
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -117,7 +118,7 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     limits.install(app, settings)
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "the engine is down"}})
     async def health() -> JSONResponse:
         alive = state.engine.alive  # a 503 tells a load balancer or supervisor to act
         # Damaged data found at start: the server serves what it can (200), and says what it lost.

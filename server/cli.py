@@ -41,7 +41,16 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind. A non-loopback address needs an API key."),
     port: int = typer.Option(8000),
     api_key: str = typer.Option(None, envvar="ARTISAN_API_KEY", help="Key required on every route but /health "
-                                "(Bearer or x-api-key); several keys, comma-separated, are separate callers."),
+                                "(Bearer or x-api-key); several keys, comma-separated, are separate callers. "
+                                "These are admin keys: they see every run."),
+    tenant_keys: Path = typer.Option(None, envvar="ARTISAN_TENANT_KEYS", help="A file of tenant keys, one NAME=KEY "
+                                     "per line: each tenant sees only the runs it created."),
+    max_runs_per_key: int = typer.Option(100, min=1, help="Runs one key may create (a tenant's, or the admin "
+                                                          "keys' together); more get a 403."),
+    max_connections_per_ip: int = typer.Option(256, min=1, help="Open connections one client address may hold; "
+                                                                "more are closed at once."),
+    header_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a connection may take to send a request's "
+                                                             "headers before it is closed."),
     data_dir: Path = typer.Option(Path("artisan-data"), help="Where runs, checkpoints and logs live."),
     cache_dir: Path = typer.Option(DEFAULT_CACHE, help="Where dequantised GGUF models are kept."),
     engine: str = typer.Option("torch", help="torch (default; CPU or CUDA) or vllm (a vLLM server process beside "
@@ -82,10 +91,13 @@ def serve(
     from server.model_source import check as check_model
 
     check_model(model)
+    tenants = _tenant_keys(tenant_keys)
     settings = Settings(model=model, served_model_name=served_model_name, chat_template=chat_template,
                         chat_template_kwargs=template_kwargs, tool_call_parser=tool_call_parser,
                         reasoning_parser=reasoning_parser, allow_unrendered_tools=allow_unrendered_tools, host=host,
-                        port=port, api_key=api_key or None, data_dir=data_dir, cache_dir=cache_dir, engine=engine, device=device, dtype=dtype,
+                        port=port, api_key=api_key or None, tenant_keys=tenants,
+                        max_runs_per_key=max_runs_per_key, max_connections_per_ip=max_connections_per_ip,
+                        header_timeout=header_timeout, data_dir=data_dir, cache_dir=cache_dir, engine=engine, device=device, dtype=dtype,
                         gradient_checkpointing=gradient_checkpointing, vllm_python=vllm_python,
                         vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, vllm_max_lora_rank=vllm_max_lora_rank,
                         vllm_max_loras=vllm_max_loras, replicas=replicas, train_processes=train_processes,
@@ -102,8 +114,26 @@ def serve(
 
     from server.app import create_app
 
+    from server.connections import BACKLOG, ConnectionGuard, connection_cap, guarded_protocol, raise_fd_limit
+    from server.log_limits import collapse_repeats_on, uvicorn_log_config
+
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_keep_alive=30)
+    collapse_repeats_on(logging.getLogger())
+    fd_limit = raise_fd_limit()
+    guard = ConnectionGuard(max_connections_per_ip, header_timeout, connection_cap(fd_limit))
+    logging.getLogger("artisan").info("descriptor limit %d: at most %d connections, %d per address", fd_limit,
+                                      guard.max_connections, guard.per_ip)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_keep_alive=30,
+                http=guarded_protocol(guard), backlog=BACKLOG, log_config=uvicorn_log_config())
+
+
+def _tenant_keys(path: Path | None) -> dict[str, str]:
+    from server.api.auth import read_tenant_keys
+
+    try:
+        return read_tenant_keys(path) if path is not None else {}
+    except ValueError as e:
+        raise SystemExit(str(e))
 
 
 def _check_options(chat_template: Path | None, chat_template_kwargs: str, tool_call_parser: str,

@@ -26,7 +26,14 @@ class Settings(BaseModel):
     allow_unrendered_tools: bool = False
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None
+    api_key: str | None = None  # admin keys (comma-separated): every run is theirs to see
+    # Tenant keys, name -> key (--tenant-keys FILE): each sees only the runs it created.
+    tenant_keys: dict[str, str] = {}
+    max_runs_per_key: int = 100  # runs one key (a tenant, or the admin keys together) may create
+    # Connections (server/connections.py): open ones per client address, and seconds a connection
+    # may take to send a request's headers before it is closed.
+    max_connections_per_ip: int = 256
+    header_timeout: float = 10.0
     data_dir: Path = Path("artisan-data")
     cache_dir: Path = DEFAULT_CACHE  # dequantised GGUF models
     engine: Literal["torch", "vllm"] = "torch"
@@ -74,5 +81,5 @@ def is_loopback(host: str) -> bool:
 
 def check_bind(settings: Settings) -> None:
     """A server that trains on what it is sent must not listen to the world unauthenticated."""
-    if not is_loopback(settings.host) and not settings.api_key:
+    if not is_loopback(settings.host) and not settings.api_key and not settings.tenant_keys:
         raise SystemExit(f"refusing to bind {settings.host} without an API key: pass --api-key or set ARTISAN_API_KEY")

@@ -56,6 +56,10 @@ MIGRATIONS: list[str] = [
         SELECT run, ROW_NUMBER() OVER (PARTITION BY run ORDER BY step), NULL, step, kind, 1, 'trained',
                warnings, metrics, created, pending FROM steps;
     """,
+    # 4: who created each run: a tenant's name, NULL for the admin (server/ownership.py)
+    """
+    ALTER TABLE runs ADD COLUMN owner TEXT;
+    """,
 ]
 # How an attempt ended. Only "trained" advanced the run; "untrained" had nothing to train (its
 # warnings say why); "interrupted" was being committed when the server stopped, before its checkpoint.
@@ -123,11 +127,15 @@ class Store:
             return [dict(zip(cols, r)) for r in cur.fetchall()]
 
     # ---- runs and steps --------------------------------------------------------------------
-    def put_run(self, name: str, project: str, spec: dict[str, Any]) -> None:
-        self._write([("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?)", (name, project, json.dumps(spec), time.time()))])
+    def put_run(self, name: str, project: str, spec: dict[str, Any], owner: str | None = None) -> None:
+        self._write([("INSERT OR IGNORE INTO runs (name, project, spec, created, owner) VALUES (?, ?, ?, ?, ?)",
+                      (name, project, json.dumps(spec), time.time(), owner))])
+
+    def forget_run(self, name: str) -> None:
+        self._write([("DELETE FROM runs WHERE name = ?", (name,))])
 
     def runs(self) -> list[dict[str, Any]]:
-        return self._rows("SELECT name, project, spec, created FROM runs ORDER BY created")
+        return self._rows("SELECT name, project, spec, created, owner FROM runs ORDER BY created")
 
     def put_step(self, run: str, step: int, kind: str, metrics: dict[str, Any], warnings: list[str],
                  trajectories: list[tuple[int, int, float, dict[str, Any]]], split: str = "train",

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import os
+import time
 from collections import Counter
 from urllib.parse import quote
 
@@ -59,18 +62,24 @@ def _operations(url: str) -> list:
     return [result.ok() for result in schema.get_all_operations()]
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-def test_no_generated_request_gets_a_server_error(fuzzed_server, mode):
+def _fuzz(url: str, mode: GenerationMode, per_route: int,
+          derandomize: bool = True) -> tuple[list[str], dict[tuple[str, str], set[int]], int]:
+    """Generated requests for every route: (5xx failures, status codes seen per operation, cases sent)."""
     failures: list[str] = []
-    operations = _operations(fuzzed_server.url)
+    seen: dict[tuple[str, str], set[int]] = {}
+    sent = 0
+    operations = _operations(url)
     assert len(operations) >= 20  # every route is described (the page and its files are not API)
     for operation in operations:
         @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(max_examples=EXAMPLES_PER_ROUTE, deadline=None, derandomize=True, database=None,
+        @settings(max_examples=per_route, deadline=None, derandomize=derandomize, database=None,
                   suppress_health_check=list(HealthCheck))
         def run(case):
+            nonlocal sent
             _short(case.body)
-            response = case.call(base_url=fuzzed_server.url, timeout=120)
+            response = case.call(base_url=url, timeout=120)
+            sent += 1
+            seen.setdefault((operation.method.upper(), operation.path), set()).add(response.status_code)
             if response.status_code >= 500:
                 failures.append(f"{operation.method.upper()} {operation.path} -> {response.status_code}: "
                                 f"{response.text[:300]} for {case.as_curl_command()[:500]}")
@@ -79,7 +88,43 @@ def test_no_generated_request_gets_a_server_error(fuzzed_server, mode):
             run()
         except Unsatisfiable:  # nothing in this route's schema can be broken (no parameters, no body)
             assert mode is GenerationMode.NEGATIVE, operation.path
+    return failures, seen, sent
+
+
+def _undocumented(url: str, seen: dict[tuple[str, str], set[int]]) -> list[str]:
+    """Status codes an operation answered that its published responses do not list."""
+    paths = httpx.get(url + "/openapi.json").json()["paths"]
+    return [f"{method} {path} -> {status}" for (method, path), statuses in sorted(seen.items())
+            for status in sorted(statuses) if str(status) not in paths[path][method.lower()]["responses"]]
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_no_generated_request_gets_a_server_error(fuzzed_server, mode):
+    """And every status code a generated request gets is one the OpenAPI document lists for its route."""
+    failures, seen, _ = _fuzz(fuzzed_server.url, mode, EXAMPLES_PER_ROUTE)
     assert failures == [], "\n".join(failures[:10])
+    assert _undocumented(fuzzed_server.url, seen) == []
+
+
+@pytest.mark.skipif(not os.environ.get("ARTISAN_FUZZ_CASES"), reason="the long fuzz: ARTISAN_FUZZ_CASES=5000")
+def test_a_long_fuzz_gets_no_server_error_and_only_documented_codes(fuzzed_server):
+    """`ARTISAN_FUZZ_CASES=5000 pytest tests/test_openapi_fuzz.py -k long_fuzz -s`: at least that many
+    generated cases, half valid and half breaking the schema; prints one JSON line of what it did."""
+    wanted = int(os.environ["ARTISAN_FUZZ_CASES"])
+    routes = len(_operations(fuzzed_server.url))
+    start, failures, seen, sent = time.monotonic(), [], {}, 0
+    while sent < wanted:  # routes with few distinct cases end early: rounds go on, with new draws, until enough
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            f, s, n = _fuzz(fuzzed_server.url, mode, math.ceil((wanted - sent) / (2 * routes)) + 1, derandomize=False)
+            failures += f
+            sent += n
+            for key, codes in s.items():
+                seen.setdefault(key, set()).update(codes)
+    codes = Counter(c for statuses in seen.values() for c in statuses)
+    print(json.dumps({"cases": sent, "seconds": round(time.monotonic() - start, 1), "server_errors": len(failures),
+                      "routes_per_status_code": dict(sorted(codes.items()))}))
+    assert failures == [], "\n".join(failures[:10])
+    assert _undocumented(fuzzed_server.url, seen) == []
 
 
 # ---- what the generated cases above rarely reach: huge integers and text that is not valid UTF-8 --------

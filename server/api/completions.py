@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
 
+from server.api.auth import Caller
 from server.api.chat_choices import build_choice, sampling_info
 from server.api.deps import ServerState
 from server.api.engine_requests import check_params, resolve_policy, room, submit, wait_finished
@@ -76,10 +77,12 @@ def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len
     return params
 
 
-async def start(state: ServerState, body: ChatCompletionRequest, record: Recorder | None = None) -> Completion:
+async def start(state: ServerState, body: ChatCompletionRequest, who: Caller,
+                record: Recorder | None = None) -> Completion:
     """The request rendered, checked and handed to the engine, holding a lease on its policy
-    until `release` is called (by `finish` or at the end of a stream)."""
-    policy = await resolve_policy(state, body.model)
+    until `release` is called (by `finish` or at the end of a stream); `who` may sample only from
+    the base model and its own runs."""
+    policy = await resolve_policy(state, body.model, who)
     prompt = _prompt(state, body)
     params = _sampling_params(state, body, len(prompt.ids))
     gen, events = submit(state, policy, prompt.ids, params, n=body.n, stream=body.stream)

@@ -1,4 +1,5 @@
-"""What a route depends on: the server's state, the run a path names."""
+"""What a route depends on: the server's state, the run a path names (when the caller's key may
+see it: keys per tenant are enforced here, for every run-scoped route)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from fastapi import Depends, Path, Request
 
 from protocol.config import RUN_NAME
 from protocol.jobs import SESSION_ID
-from server.api.auth import caller
+from server.api.auth import Caller, CallerDep, caller
 from server.api.errors import APIError
 from server.engine.base import Engine
 from server.export_queue import ExportQueue
 from server.model_host import ModelHost
+from server.ownership import Owners
 from server.response_store import ResponseStore
 from server.serving import ServedModels
 from server.sessions import SessionError, Sessions
@@ -35,6 +37,7 @@ class ServerState:
     export_queue: ExportQueue | None = None  # when --export asks for exporters
     sessions: Sessions = field(default_factory=Sessions)
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
+    owners: Owners | None = None  # who created each run; build_state always sets it
 
 
 def get_state(request: Request) -> ServerState:
@@ -59,11 +62,20 @@ def open_session(state: ServerState, session_id: str, request: Request
         raise session_error(e)
 
 
-def get_run(name: RunName, state: State) -> Run:
+def run_not_found(name: str) -> APIError:
+    return APIError(404, f"run {name!r} does not exist", param="name", code="run_not_found")
+
+
+def may_see_run(state: ServerState, who: Caller, name: str) -> bool:
+    """Whether the caller may see run `name`: another tenant's run is, to it, a run that does not exist."""
+    return who.may_see(state.owners.owner(name))
+
+
+def get_run(name: RunName, state: State, who: CallerDep) -> Run:
     run = state.runs.get(name)
-    if run is None:
-        raise APIError(404, f"run {name!r} does not exist", param="name", code="run_not_found")
+    if run is None or not may_see_run(state, who, name):
+        raise run_not_found(name)
     return run
 
 
-RunDep = Annotated[Run, Depends(get_run)]
+RunDep = Annotated[Run, Depends(get_run)]  # a run-scoped route takes `run: RunDep`, and is owner-checked

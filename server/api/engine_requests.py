@@ -11,18 +11,37 @@ import asyncio
 
 from fastapi import Request
 
-from server.api.deps import ServerState
+from server.api.auth import Caller
+from server.api.deps import ServerState, may_see_run
 from server.api.errors import APIError
 from server.engine.base import EngineFull, GenRequest, Unsupported
 from server.engine.sampling import SamplingParams
 from server.serving import Policy
 
 
-async def resolve_policy(state: ServerState, model: str) -> Policy:
-    """`model` as a run name (its latest step), `name@step` or the base model; a 404 otherwise."""
-    policy = await asyncio.to_thread(state.runs.resolve, model)
+def served_names(state: ServerState, who: Caller) -> list[str]:
+    """The names the caller may sample from: the base model's, and its runs' (another tenant's runs
+    are not named)."""
+    return [n for n in state.served.names() if n == state.host.name or may_see_run(state, who, n.rpartition("@")[0] or n)]
+
+
+def _run_named(state: ServerState, model: str) -> str | None:
+    """The run a `model` names (`run` or `run@step`), None for the base model."""
+    if model in state.served.base_aliases:
+        return None
+    if state.runs.get(model) is not None:
+        return model
+    return model.rpartition("@")[0] or model
+
+
+async def resolve_policy(state: ServerState, model: str, who: Caller) -> Policy:
+    """`model` as a run name (its latest step), `name@step` or the base model; a 404 otherwise,
+    and for another tenant's run (checked before an older step is loaded for it)."""
+    run = _run_named(state, model)
+    visible = run is None or may_see_run(state, who, run)
+    policy = await asyncio.to_thread(state.runs.resolve, model) if visible else None
     if policy is None:
-        raise APIError(404, f"model {model!r} does not exist; served: {', '.join(state.served.names())}",
+        raise APIError(404, f"model {model!r} does not exist; served: {', '.join(served_names(state, who))}",
                        param="model", code="model_not_found")
     return policy
 

@@ -11,16 +11,74 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol.jobs import JOB_KINDS
 
 log = logging.getLogger("artisan.api")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
           409: "conflict_error", 413: "invalid_request_error", 422: "invalid_request_error",
           429: "rate_limit_error", 503: "server_overloaded"}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error the server answers (on the Messages paths with `"type": "error"` beside it)."""
+
+    error: ErrorDetail
+
+
+# What each code means here, as the OpenAPI document says it.
+_MEANINGS = {400: "a malformed request or a value out of range (the message names the field)",
+             401: "a missing or invalid API key (when the server has keys)",
+             403: "not this key's to use (a session of another key), or the key's bound is reached",
+             404: "no such thing, or not this key's to see (another tenant's run answers as if absent)",
+             409: "a conflict with the server's state (a reused key, a damaged checkpoint, a name taken)",
+             413: "the request body is larger than --max-request-bytes",
+             429: "too many live sessions",
+             503: "the server is at capacity, or its data directory refused a write: retry later"}
+
+
+def documented(*codes: int) -> dict[int | str, dict]:
+    """`responses=` for a route or router: these error codes, with the error body."""
+    return {code: {"model": ErrorBody, "description": _MEANINGS[code]} for code in codes}
+
+
+def publish_error_codes(app: FastAPI) -> None:
+    """The OpenAPI document as the server answers: a request that fails validation gets a 400 (the
+    handler below), never FastAPI's 422, and any route with a body may answer 413 (server/api/limits.py)."""
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for operations in schema["paths"].values():
+                for op in operations.values():
+                    responses = op.setdefault("responses", {})
+                    invalid = responses.pop("422", None)
+                    if invalid is not None or "requestBody" in op:
+                        responses.setdefault("400", _reference(400))
+                    if "requestBody" in op:
+                        responses.setdefault("413", _reference(413))
+            schema.get("components", {}).get("schemas", {}).pop("HTTPValidationError", None)
+            schema.get("components", {}).get("schemas", {}).pop("ValidationError", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _reference(code: int) -> dict:
+    return {"description": _MEANINGS[code],
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
 
 
 class APIError(Exception):
@@ -75,6 +133,8 @@ def _loc(loc: tuple) -> str | None:
 
 
 def install(app: FastAPI) -> None:
+    publish_error_codes(app)
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         return _for(request, error_response(exc.status, exc.message, exc.param, exc.code, exc.headers))

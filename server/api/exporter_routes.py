@@ -9,9 +9,11 @@ from fastapi import APIRouter, Depends
 
 from server.api.auth import require_api_key
 from server.api.deps import State
+from server.api.errors import documented
 from server.api.limits import GuardedRoute
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
 
 
 @router.get("/v1/exporters")

@@ -23,13 +23,14 @@ from server.api.auth import require_api_key
 from server.api.chat_choices import sampling_info
 from server.api.deps import ServerState, State
 from server.api.engine_requests import check_params, resolve_policy, room, submit, wait_finished
-from server.api.errors import APIError
+from server.api.errors import APIError, documented
 from server.api.generate_schemas import GenerateRequest
 from server.api.limits import GuardedRoute
 from server.engine.base import DecodeSequence
 from server.engine.sampling import SamplingParams
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
 
 
 def _sampling_params(state: ServerState, body: GenerateRequest) -> SamplingParams:
@@ -62,9 +63,9 @@ def _choice(seq: DecodeSequence, sampling: dict[str, Any]) -> dict[str, Any]:
             "sampling": sampling}
 
 
-@router.post("/inference/v1/generate")
+@router.post("/inference/v1/generate", responses=documented(404, 409))
 async def generate(body: GenerateRequest, request: Request, state: State) -> dict[str, Any]:
-    policy = await resolve_policy(state, body.model)
+    policy = await resolve_policy(state, body.model, require_api_key(request))
     params = _sampling_params(state, body)
     gen, events = submit(state, policy, body.token_ids, params)
     try:

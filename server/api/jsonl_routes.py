@@ -15,11 +15,12 @@ from protocol.choices import INT64
 from protocol.trajectory import Trajectory
 from server.api.auth import require_api_key
 from server.api.deps import RunDep, State
-from server.api.errors import APIError
+from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.api.training_routes import SPLIT
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
 
 
 class JsonlLine(BaseModel):
@@ -32,7 +33,7 @@ class JsonlLine(BaseModel):
     traj_index: int = Field(default=0, ge=0, le=INT64)
 
 
-@router.get("/v1/runs/{name}/export.jsonl")
+@router.get("/v1/runs/{name}/export.jsonl", responses=documented(404, 409))
 async def export_jsonl(run: RunDep, state: State, step: int | None = Query(None, ge=0, le=INT64),
                        split: str | None = Query(None, pattern=SPLIT)) -> StreamingResponse:
     """One JSON line per stored trajectory: run, step, split, group_index, traj_index, reward, trajectory."""
@@ -76,7 +77,7 @@ def _parse(body: bytes, split: str | None) -> list[tuple[int, str, int, int, flo
     return rows
 
 
-@router.post("/v1/runs/{name}/import")
+@router.post("/v1/runs/{name}/import", responses=documented(404, 409))
 async def import_jsonl(run: RunDep, request: Request, state: State,
                        split: str | None = Query(None, pattern=SPLIT)) -> dict[str, Any]:
     """Store trajectories from an export into this run, at their steps and groups (and `split`, if

@@ -85,7 +85,7 @@ def install(app: FastAPI, settings: Settings) -> None:
             if scope["type"] != "http":
                 return await stack(scope, receive, send)
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-            problem = key_problem(settings.api_key, scope["path"], headers)
+            problem = key_problem(settings, scope["path"], headers)
             if problem is not None:
                 return await problem(scope, receive, send)
             size = headers.get("content-length", "")

@@ -25,20 +25,21 @@ from fastapi.responses import StreamingResponse
 from server.api import completions, translate
 from server.api.auth import require_api_key
 from server.api.deps import ServerState, SessionId, State, open_session
-from server.api.errors import APIError
+from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.api.messages_schemas import MessagesRequest
 from server.api.streaming import Completion
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", responses=documented(404, 409))
 async def create_message(body: MessagesRequest, request: Request, state: State):
     return await _message(body, request, state, None)
 
 
-@router.post("/v1/sessions/{session_id}/messages")
+@router.post("/v1/sessions/{session_id}/messages", responses=documented(403, 404, 409, 429))
 async def create_message_in_session(session_id: SessionId, body: MessagesRequest, request: Request, state: State):
     return await _message(body, request, state, open_session(state, session_id, request))
 
@@ -59,7 +60,7 @@ async def _message(body: MessagesRequest, request: Request, state: ServerState, 
             stream=body.stream, chat_template_kwargs=body.chat_template_kwargs)
     except translate.TranslationError as e:
         raise APIError(400, str(e), param=e.param, code="invalid_value")
-    c = await completions.start(state, chat, record)
+    c = await completions.start(state, chat, require_api_key(request), record)
     msg_id = "msg_" + uuid.uuid4().hex[:24]
     if body.stream:
         return StreamingResponse(_events(state, c, request, msg_id, body), media_type="text/event-stream")

@@ -15,34 +15,37 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from server.api import completions
-from server.api.auth import require_api_key
+from server.api.auth import CallerDep, require_api_key
 from server.api.deps import ServerState, SessionId, State, open_session
+from server.api.engine_requests import served_names
+from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.api.schemas import ChatCompletionRequest
 from server.api.streaming import stream_chunks
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
 
 
 @router.get("/v1/models")
-async def list_models(state: State) -> dict[str, Any]:
+async def list_models(state: State, who: CallerDep) -> dict[str, Any]:
     now = int(time.time())
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": now, "owned_by": "artisan",
-         "max_model_len": state.host.context_window} for name in state.served.names()]}
+         "max_model_len": state.host.context_window} for name in served_names(state, who)]}
 
 
 @router.get("/v1/sessions/{session_id}/models")
-async def list_models_in_session(session_id: SessionId, state: State) -> dict[str, Any]:
-    return await list_models(state)
+async def list_models_in_session(session_id: SessionId, state: State, who: CallerDep) -> dict[str, Any]:
+    return await list_models(state, who)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=documented(404, 409))
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State):
     return await _chat(body, request, state, None)
 
 
-@router.post("/v1/sessions/{session_id}/chat/completions")
+@router.post("/v1/sessions/{session_id}/chat/completions", responses=documented(403, 404, 409, 429))
 async def chat_completions_in_session(session_id: SessionId, body: ChatCompletionRequest, request: Request,
                                       state: State):
     return await _chat(body, request, state, open_session(state, session_id, request))
@@ -50,7 +53,7 @@ async def chat_completions_in_session(session_id: SessionId, body: ChatCompletio
 
 async def _chat(body: ChatCompletionRequest, request: Request, state: ServerState,
                 record: completions.Recorder | None):
-    c = await completions.start(state, body, record)
+    c = await completions.start(state, body, require_api_key(request), record)
     if body.stream:
         return StreamingResponse(stream_chunks(state.host, c, request.is_disconnected), media_type="text/event-stream")
     choices = await completions.finish(state, c, request)

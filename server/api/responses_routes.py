@@ -23,20 +23,21 @@ from fastapi.responses import StreamingResponse
 from server.api import completions, translate
 from server.api.auth import caller, require_api_key
 from server.api.deps import ServerState, SessionId, State, open_session
-from server.api.errors import APIError
+from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.api.responses_schemas import ResponsesRequest
 from server.api.streaming import Completion
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", responses=documented(404, 409))
 async def create_response(body: ResponsesRequest, request: Request, state: State):
     return await _respond(body, request, state, None)
 
 
-@router.post("/v1/sessions/{session_id}/responses")
+@router.post("/v1/sessions/{session_id}/responses", responses=documented(403, 404, 409, 429))
 async def create_response_in_session(session_id: SessionId, body: ResponsesRequest, request: Request, state: State):
     return await _respond(body, request, state, open_session(state, session_id, request))
 
@@ -63,7 +64,7 @@ async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
             chat_template_kwargs=body.chat_template_kwargs)
     except translate.TranslationError as e:
         raise APIError(400, str(e), param=e.param, code="invalid_value")
-    c = await completions.start(state, chat, record)
+    c = await completions.start(state, chat, require_api_key(request), record)
     r = _Response(body, "resp_" + uuid.uuid4().hex, int(time.time()), c)
 
     def keep(choice: dict[str, Any]) -> None:

@@ -16,15 +16,16 @@ from protocol.jobs import RLJob, SessionJob
 from protocol.trajectory import TrajectoryGroup
 from server.api.auth import caller, require_api_key
 from server.api.deps import RunDep, SessionId, State, session_error
-from server.api.errors import APIError
+from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.api.training_routes import queue_job
 from server.sessions import SessionError
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
 
 
-@router.get("/v1/sessions/{session_id}")
+@router.get("/v1/sessions/{session_id}", responses=documented(403, 404))
 async def get_session(session_id: SessionId, request: Request, state: State) -> dict[str, Any]:
     try:
         return state.sessions.get(session_id, caller(request)).info()
@@ -32,7 +33,7 @@ async def get_session(session_id: SessionId, request: Request, state: State) -> 
         raise session_error(e)
 
 
-@router.delete("/v1/sessions/{session_id}")
+@router.delete("/v1/sessions/{session_id}", responses=documented(403, 404))
 async def delete_session(session_id: SessionId, request: Request, state: State) -> dict[str, Any]:
     try:
         state.sessions.delete(session_id, caller(request))
@@ -41,7 +42,7 @@ async def delete_session(session_id: SessionId, request: Request, state: State) 
     return {"deleted": session_id}
 
 
-@router.post("/v1/runs/{name}/session-jobs", status_code=202)
+@router.post("/v1/runs/{name}/session-jobs", status_code=202, responses=documented(403, 404, 409))
 async def submit_session_job(run: RunDep, body: SessionJob, request: Request, state: State) -> dict[str, Any]:
     owner, groups = caller(request), []
     for gi, g in enumerate(body.groups):

@@ -14,18 +14,21 @@ from protocol.choices import INT64
 from protocol.config import RunSpec
 from protocol.jobs import TERMINAL_EVENTS, JobRequest, RLJob, SFTJob
 from protocol.trajectory import TrajectoryGroup
-from server.api.auth import require_api_key
-from server.api.deps import RunDep, ServerState, State
-from server.api.errors import APIError
+from server.api.auth import Caller, CallerDep, require_api_key
+from server.api.deps import RunDep, ServerState, State, may_see_run
+from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.store import trajectory_rows
 from server.training.assemble import AssemblyError, check_submission
 from server.training.jobs import ACTIVE, KeyConflict
+from server.ownership import NameTaken, RunLimit
 from server.training.runs import Run, RunConflict
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
 SPLIT = r"^[A-Za-z0-9_-]{1,32}$"
 StepPath = Annotated[int, Path(ge=0, le=INT64)]
+RUN = documented(404, 409)  # a run-scoped route: no such run (or not this key's), or a damaged checkpoint
 JobId = Annotated[str, Path(pattern=r"^job-[0-9a-f]{16}$", description="a job's id")]
 
 
@@ -41,31 +44,50 @@ class PruneRequest(BaseModel):
     keep_last: int = Field(default=1, ge=1, le=INT64)
 
 
-@router.post("/v1/runs")
-async def create_run(spec: RunSpec, state: State) -> dict[str, Any]:
+def _name_taken(name: str) -> APIError:
+    # Run names are one namespace: this 409 is the one answer that tells a name is in use.
+    return APIError(409, f"run name {name!r} is taken by another key; choose another name", param="name",
+                    code="run_name_taken")
+
+
+@router.post("/v1/runs", responses=documented(403, 409))
+async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, Any]:
     if spec.base_model is not None and spec.base_model not in state.served.base_aliases:
         raise APIError(400, f"this server hosts {state.host.name!r}, not {spec.base_model!r}", param="base_model")
+    try:  # the name is claimed first, so two keys creating it at once cannot both get it
+        claimed = state.owners.claim(spec.name, who.owner, who.admin, state.settings.max_runs_per_key,
+                                     spec.project, spec.model_dump())
+    except NameTaken:
+        raise _name_taken(spec.name)
+    except RunLimit as e:
+        raise APIError(403, str(e), param="name", code="run_limit_reached")
     try:
         run, created = await asyncio.to_thread(state.runs.get_or_create, spec)
-    except RunConflict as e:
-        raise APIError(409, str(e), param="lora", code="run_conflict")
-    except ValueError as e:  # settings this model cannot take (target modules it does not have)
-        raise APIError(400, str(e), param="lora", code="invalid_value")
-    state.store.put_run(run.name, spec.project, spec.model_dump())
+    except BaseException as e:
+        if claimed:
+            state.owners.release(spec.name)
+        if isinstance(e, RunConflict):
+            raise APIError(409, str(e), param="lora", code="run_conflict") from None
+        if isinstance(e, ValueError):  # settings this model cannot take (target modules it does not have)
+            raise APIError(400, str(e), param="lora", code="invalid_value") from None
+        raise
+    if claimed and not created and not who.admin:  # a run with no recorded owner is the admin's
+        state.owners.release(spec.name)
+        raise _name_taken(spec.name)
     return {**run.info(), "created": created, "base_model": state.host.name}
 
 
 @router.get("/v1/runs")
-async def list_runs(state: State) -> dict[str, Any]:
-    return {"data": [r.info() for r in state.runs.all()]}
+async def list_runs(state: State, who: CallerDep) -> dict[str, Any]:
+    return {"data": [r.info() for r in state.runs.all() if may_see_run(state, who, r.name)]}
 
 
-@router.get("/v1/runs/{name}")
+@router.get("/v1/runs/{name}", responses=RUN)
 async def get_run(run: RunDep, state: State) -> dict[str, Any]:
     return {**run.info(), "steps": state.store.steps(run.name)}
 
 
-@router.post("/v1/runs/{name}/jobs", status_code=202)
+@router.post("/v1/runs/{name}/jobs", status_code=202, responses=RUN)
 async def submit_job(run: RunDep, state: State, job: JobRequest) -> dict[str, Any]:
     return await queue_job(state, run, job)
 
@@ -86,30 +108,33 @@ async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob) -> dict[s
             "after": submitted.attempt_from - 1}
 
 
-def _found(job: dict[str, Any] | None, job_id: str) -> dict[str, Any]:
-    if job is None:
+def _found(state: ServerState, who: Caller, job_id: str) -> dict[str, Any]:
+    """The job, when it exists and is of a run the caller may see (another tenant's is absent)."""
+    job = state.jobs.get(job_id)
+    if job is None or not may_see_run(state, who, job["run"]):
         raise APIError(404, f"job {job_id!r} does not exist", code="job_not_found")
     return job
 
 
-@router.get("/v1/jobs/{job_id}")
-async def get_job(job_id: JobId, state: State) -> dict[str, Any]:
-    return _found(state.jobs.get(job_id), job_id)
+@router.get("/v1/jobs/{job_id}", responses=documented(404))
+async def get_job(job_id: JobId, state: State, who: CallerDep) -> dict[str, Any]:
+    return _found(state, who, job_id)
 
 
-@router.delete("/v1/jobs/{job_id}")
-async def cancel_job(job_id: JobId, state: State) -> dict[str, Any]:
+@router.delete("/v1/jobs/{job_id}", responses=documented(404))
+async def cancel_job(job_id: JobId, state: State, who: CallerDep) -> dict[str, Any]:
     """Cancel a queued or running job: a step it has not committed never lands."""
-    return _found(state.jobs.cancel(job_id), job_id)
+    _found(state, who, job_id)
+    return state.jobs.cancel(job_id)
 
 
-@router.get("/v1/jobs/{job_id}/events")
-async def job_events(job_id: JobId, request: Request, state: State, after: int = Query(-1, ge=-1, le=INT64)):
+@router.get("/v1/jobs/{job_id}/events", responses=documented(404))
+async def job_events(job_id: JobId, request: Request, state: State, who: CallerDep,
+                     after: int = Query(-1, ge=-1, le=INT64)):
     """Server-sent events from `after` on; the stream ends after the job's terminal event.
     A client that lost its connection reconnects with the last `seq` it saw."""
     jobs = state.jobs
-    if jobs.get(job_id) is None:
-        raise APIError(404, f"job {job_id!r} does not exist", code="job_not_found")
+    _found(state, who, job_id)
 
     async def stream():
         last, idle = after, 0.0
@@ -138,12 +163,12 @@ async def job_events(job_id: JobId, request: Request, state: State, after: int =
     return StreamingResponse(stream(), media_type="text/event-stream")
 
 
-@router.get("/v1/runs/{name}/checkpoints")
+@router.get("/v1/runs/{name}/checkpoints", responses=RUN)
 async def list_checkpoints(run: RunDep, state: State) -> dict[str, Any]:
     return {"data": state.runs.list_checkpoints(run)}
 
 
-@router.delete("/v1/runs/{name}/checkpoints/{step}")
+@router.delete("/v1/runs/{name}/checkpoints/{step}", responses=RUN)
 async def delete_checkpoint(run: RunDep, step: StepPath, state: State) -> dict[str, Any]:
     try:
         state.runs.delete_checkpoint(run, step)
@@ -154,7 +179,7 @@ async def delete_checkpoint(run: RunDep, step: StepPath, state: State) -> dict[s
     return {"deleted": step}
 
 
-@router.post("/v1/runs/{name}/checkpoints/prune")
+@router.post("/v1/runs/{name}/checkpoints/prune", responses=RUN)
 async def prune_checkpoints(run: RunDep, body: PruneRequest, state: State) -> dict[str, Any]:
     deleted = state.runs.prune(run, body.best_metric, body.mode, body.keep_last)
     return {"deleted": deleted, "kept": [c["step"] for c in state.runs.list_checkpoints(run)]}
@@ -164,7 +189,7 @@ class RetainRequest(BaseModel):
     steps: list[Annotated[int, Field(ge=0, le=INT64)]] = Field(max_length=10_000)
 
 
-@router.post("/v1/runs/{name}/adapters/retain")
+@router.post("/v1/runs/{name}/adapters/retain", responses=RUN)
 async def retain_adapters(run: RunDep, body: RetainRequest, state: State) -> dict[str, Any]:
     """Keep these steps' adapters loaded for rollouts still sampling from them, and unload the
     others (the latest step and adapters a request is decoding on stay). An unloaded step is
@@ -173,7 +198,7 @@ async def retain_adapters(run: RunDep, body: RetainRequest, state: State) -> dic
     return {"retained": sorted(set(body.steps)), "loaded": loaded}
 
 
-@router.post("/v1/runs/{name}/log")
+@router.post("/v1/runs/{name}/log", responses=RUN)
 async def log_groups(run: RunDep, body: LogRequest, state: State) -> dict[str, Any]:
     """Store evaluation (or any non-training) groups for browsing; nothing is trained."""
     step = body.step if body.step is not None else run.step
@@ -186,7 +211,7 @@ async def log_groups(run: RunDep, body: LogRequest, state: State) -> dict[str, A
             "reward_mean": sum(rewards) / len(rewards) if rewards else None}
 
 
-@router.get("/v1/runs/{name}/trajectories")
+@router.get("/v1/runs/{name}/trajectories", responses=RUN)
 async def list_trajectories(run: RunDep, state: State, step: int | None = Query(None, ge=0, le=INT64),
                             split: str | None = Query(None, pattern=SPLIT)) -> dict[str, Any]:
     """Stored trajectories with their token ids and logprobs (what was trained or logged)."""

@@ -16,9 +16,9 @@ from fastapi import APIRouter, Depends, Path as PathParam, Query
 from fastapi.responses import FileResponse, RedirectResponse
 
 from protocol.choices import INT64
-from server.api.auth import require_api_key
-from server.api.deps import RunName, ServerState, State
-from server.api.errors import APIError
+from server.api.auth import Caller, CallerDep, require_api_key
+from server.api.deps import RunName, ServerState, State, may_see_run, run_not_found
+from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.store import json_safe
 
@@ -30,7 +30,8 @@ _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'
 _PAGE_HEADERS = {"Content-Security-Policy": _CSP, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
 page = APIRouter(include_in_schema=False, route_class=GuardedRoute)
-api = APIRouter(prefix="/ui/api", dependencies=[Depends(require_api_key)], route_class=GuardedRoute)
+api = APIRouter(prefix="/ui/api", dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                responses=documented(401, 503))
 
 
 @page.get("/ui")
@@ -53,18 +54,19 @@ async def ui_static(name: str) -> FileResponse:
     return FileResponse(files[name], media_type=_MEDIA_TYPES[files[name].suffix], headers=_PAGE_HEADERS)
 
 
-def _known_runs(state: ServerState) -> dict[str, dict[str, Any]]:
-    """Runs the server hosts, plus any the store remembers whose checkpoints are gone."""
+def _known_runs(state: ServerState, who: Caller) -> dict[str, dict[str, Any]]:
+    """Runs the server hosts, plus any the store remembers whose checkpoints are gone, of those the
+    caller may see."""
     out = {r["name"]: {"name": r["name"], "project": r["project"], "step": None} for r in state.store.runs()}
     for run in state.runs.all():
         out[run.name] = {"name": run.name, "project": run.spec.project, "step": run.step}
-    return out
+    return {name: run for name, run in out.items() if may_see_run(state, who, name)}
 
 
-def _require_run(state: ServerState, name: str) -> dict[str, Any]:
-    run = _known_runs(state).get(name)
+def _require_run(state: ServerState, who: Caller, name: str) -> dict[str, Any]:
+    run = _known_runs(state, who).get(name)
     if run is None:
-        raise APIError(404, f"run {name!r} does not exist", param="name", code="run_not_found")
+        raise run_not_found(name)
     return run
 
 
@@ -76,9 +78,9 @@ def _curves(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 @api.get("/runs")
-async def ui_runs(state: State) -> dict[str, Any]:
+async def ui_runs(state: State, who: CallerDep) -> dict[str, Any]:
     store = state.store
-    runs = list(_known_runs(state).values())
+    runs = list(_known_runs(state, who).values())
     for run in runs:
         curves = _curves(await asyncio.to_thread(store.reward_by_step, run["name"]))
         run["last_reward"] = curves["train"][-1]["reward_mean"] if curves.get("train") else None
@@ -86,9 +88,9 @@ async def ui_runs(state: State) -> dict[str, Any]:
     return {"data": runs}
 
 
-@api.get("/runs/{name}")
-async def ui_run(name: RunName, state: State) -> dict[str, Any]:
-    run = _require_run(state, name)
+@api.get("/runs/{name}", responses=documented(404, 409))
+async def ui_run(name: RunName, state: State, who: CallerDep) -> dict[str, Any]:
+    run = _require_run(state, who, name)
     store = state.store
     steps = await asyncio.to_thread(store.steps, name)
     curves = _curves(await asyncio.to_thread(store.reward_by_step, name))
@@ -96,20 +98,20 @@ async def ui_run(name: RunName, state: State) -> dict[str, Any]:
             "rewards": curves}
 
 
-@api.get("/runs/{name}/attempts")
-async def ui_attempts(name: RunName, state: State) -> dict[str, Any]:
+@api.get("/runs/{name}/attempts", responses=documented(404, 409))
+async def ui_attempts(name: RunName, state: State, who: CallerDep) -> dict[str, Any]:
     """Every attempt at a step of the run, oldest first, trained or not, with its figures and
     warnings: what explains a run that does not learn."""
-    _require_run(state, name)
+    _require_run(state, who, name)
     rows = await asyncio.to_thread(state.store.attempts, name)
     return json_safe({"run": name, "data": rows})
 
 
-@api.get("/runs/{name}/steps/{step}/groups")
-async def ui_step_groups(name: RunName, state: State, step: int = PathParam(ge=0, le=INT64),
+@api.get("/runs/{name}/steps/{step}/groups", responses=documented(404, 409))
+async def ui_step_groups(name: RunName, state: State, who: CallerDep, step: int = PathParam(ge=0, le=INT64),
                          split: str = Query("train", max_length=32)) -> dict[str, Any]:
     """A step's groups, those with the widest reward spread first: where the learning signal is."""
-    _require_run(state, name)
+    _require_run(state, who, name)
     rows = await asyncio.to_thread(state.store.find_trajectories, name, step=step, split=split,
                                    limit=100_000)
     groups: dict[int, list[dict[str, Any]]] = {}
@@ -128,8 +130,8 @@ async def ui_step_groups(name: RunName, state: State, step: int = PathParam(ge=0
     return json_safe({"run": name, "step": step, "split": split, "data": out})
 
 
-@api.get("/runs/{name}/trajectories")
-async def ui_trajectories(name: RunName, state: State, step: int | None = Query(None, ge=0, le=INT64),
+@api.get("/runs/{name}/trajectories", responses=documented(404, 409))
+async def ui_trajectories(name: RunName, state: State, who: CallerDep, step: int | None = Query(None, ge=0, le=INT64),
                           split: str | None = Query(None, max_length=32),
                           group: int | None = Query(None, ge=0, le=INT64),
                           min_reward: float | None = Query(None, allow_inf_nan=False),
@@ -139,7 +141,7 @@ async def ui_trajectories(name: RunName, state: State, step: int | None = Query(
                           q: str | None = Query(None, max_length=1000),
                           limit: int = Query(200, ge=1, le=5000)) -> dict[str, Any]:
     """Summaries matching every filter given; messages and tokens come from /trajectories/{id}."""
-    _require_run(state, name)
+    _require_run(state, who, name)
     rows = await asyncio.to_thread(state.store.find_trajectories, name, step=step, split=split,
                                    group=group, min_reward=min_reward, max_reward=max_reward,
                                    meta_key=meta_key or None, meta_value=meta_value, text=q or None,
@@ -147,10 +149,10 @@ async def ui_trajectories(name: RunName, state: State, step: int | None = Query(
     return json_safe({"data": rows[:limit], "truncated": len(rows) > limit})
 
 
-@api.get("/trajectories/{traj_id}")
-async def ui_trajectory(state: State, traj_id: int = PathParam(ge=0, le=INT64)) -> dict[str, Any]:
+@api.get("/trajectories/{traj_id}", responses=documented(404, 409))
+async def ui_trajectory(state: State, who: CallerDep, traj_id: int = PathParam(ge=0, le=INT64)) -> dict[str, Any]:
     row = await asyncio.to_thread(state.store.trajectory, traj_id)
-    if row is None:
+    if row is None or not may_see_run(state, who, row["run"]):
         raise APIError(404, f"trajectory {traj_id} does not exist", code="trajectory_not_found")
     return json_safe(row)
 

@@ -1,0 +1,59 @@
+"""Who created each run, and how many runs each key has: the record keys per tenant are enforced
+against (server/api/deps.py). Kept in memory, mirrored in the store's `runs` table, so a request's
+check never waits on a database write.
+
+A run's owner is a tenant's name, or None: the admin's (runs made with an admin key, runs from
+before tenant keys, runs whose store row was lost). Only an admin key sees a run owned by None.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from server.store import Store
+
+
+class NameTaken(Exception):
+    """The name is another key's run."""
+
+
+class RunLimit(Exception):
+    """The key has as many runs as it may create."""
+
+
+class Owners:
+    def __init__(self, store: Store):
+        self._store = store
+        self._lock = threading.Lock()
+        self._owners: dict[str, str | None] = {r["name"]: r["owner"] for r in store.runs()}
+
+    def owner(self, name: str) -> str | None:
+        return self._owners.get(name)
+
+    def claim(self, name: str, owner: str | None, admin: bool, limit: int, project: str,
+              spec: dict[str, Any]) -> bool:
+        """Record `owner` as the creator of run `name` unless it is taken; True when this call
+        recorded it (a run to make), False when the name was already the owner's."""
+        with self._lock:
+            if name in self._owners:
+                if admin or self._owners[name] == owner:
+                    return False
+                raise NameTaken(name)
+            have = sum(1 for o in self._owners.values() if o == owner)
+            if have >= limit:
+                raise RunLimit(f"this key has {have} runs, the most one key may create (art-server "
+                               f"--max-runs-per-key {limit}); delete one, or use another name for an existing run")
+            self._store.put_run(name, project, spec, owner)
+            self._owners[name] = owner
+            return True
+
+    def release(self, name: str) -> None:
+        """Forget a run's owner: its creation failed, or it was deleted."""
+        with self._lock:
+            if name in self._owners:
+                del self._owners[name]
+                self._store.forget_run(name)
+
+    def visible(self, names: list[str], who: Any) -> list[str]:
+        return [n for n in names if who.may_see(self.owner(n))]
