@@ -26,8 +26,8 @@ from server.export_queue import ExportQueue
 from server.faults import crash_point
 from server.store import Store, storage_failure
 from server.training import checkpoints, steps
+from server.training.assemble import Cancelled
 from server.training.commit import Attempt, CommitTargets, commit_step, roll_back
-from server.training.optimize import Cancelled
 from server.training.runs import Run, RunManager
 
 log = logging.getLogger("artisan.jobs")

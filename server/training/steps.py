@@ -101,7 +101,8 @@ def submission_figures(groups: list[TrajectoryGroup]) -> StepMetrics:
                        reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None)
 
 
-def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig) -> Batch:
+def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig,
+                should_stop: Callable[[], bool] = lambda: False) -> Batch:
     """Advantages per group (groups without signal dropped, counted by why), then every history of
     every trajectory assembled into sequences that carry their trajectory's advantage."""
     batch = Batch()
@@ -119,7 +120,7 @@ def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig) -> Ba
             batch.histories += len(traj.additional_histories)
             first = len(batch.sequences)
             for history in traj.histories():
-                seqs, st = assemble_history(history, run.host.chat, cfg.mask_truncated)
+                seqs, st = assemble_history(history, run.host.chat, cfg.mask_truncated, should_stop)
                 batch.stats.add(st)
                 for s in seqs:
                     s.advantage, s.weight, s.group = a, w, gi
@@ -171,7 +172,7 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
     m = submission_figures(groups)
     groups, stale_figures = fresh_enough(run, groups, cfg)
     m = m.model_copy(update=stale_figures)
-    batch = build_batch(run, groups, cfg)
+    batch = build_batch(run, groups, cfg, hooks.should_stop)
     dropped = batch.groups_dropped
     m = m.model_copy(update={**vars(batch.stats), "groups_trainable": batch.groups_trainable,
                              "groups_dropped_constant": dropped["constant"], "groups_dropped_single": dropped["single"],
@@ -195,7 +196,7 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
 
 def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, hooks: Hooks = Hooks()) -> ComputedStep:
     t0 = time.time()
-    sequences = [s for c in conversations for s in assemble_sft(c, run.host.chat)]
+    sequences = [s for c in conversations for s in assemble_sft(c, run.host.chat, hooks.should_stop)]
     m = StepMetrics(conversations=len(conversations), sequences=len(sequences),
                     trainable_tokens=sum(s.n_loss_tokens for s in sequences))
     hooks.progress("assembled", {"sequences": len(sequences), "trainable_tokens": m.trainable_tokens})
