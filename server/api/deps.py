@@ -67,3 +67,12 @@ def get_run(name: RunName, state: State) -> Run:
 
 
 RunDep = Annotated[Run, Depends(get_run)]
+
+
+def deletable_run(run: RunDep) -> Run:
+    """The run a path names, for deleting it: the one place that decides who may delete a run
+    (today, any caller with a key)."""
+    return run
+
+
+DeletableRun = Annotated[Run, Depends(deletable_run)]

@@ -15,10 +15,11 @@ from protocol.config import RunSpec
 from protocol.jobs import TERMINAL_EVENTS, JobRequest, RLJob, SFTJob
 from protocol.trajectory import TrajectoryGroup
 from server.api.auth import require_api_key
-from server.api.deps import RunDep, ServerState, State
+from server.api.deps import DeletableRun, RunDep, ServerState, State
 from server.api.errors import APIError
 from server.api.limits import GuardedRoute
 from server.store import trajectory_rows
+from server.training import bounds
 from server.training.assemble import AssemblyError, check_submission
 from server.training.jobs import ACTIVE, KeyConflict
 from server.training.runs import Run, RunConflict
@@ -49,6 +50,8 @@ async def create_run(spec: RunSpec, state: State) -> dict[str, Any]:
         run, created = await asyncio.to_thread(state.runs.get_or_create, spec)
     except RunConflict as e:
         raise APIError(409, str(e), param="lora", code="run_conflict")
+    except bounds.TooLarge as e:  # depends on the runs there are: deleting one can make room
+        raise APIError(409, str(e), param="lora.rank", code="insufficient_memory")
     except ValueError as e:  # settings this model cannot take (target modules it does not have)
         raise APIError(400, str(e), param="lora", code="invalid_value")
     state.store.put_run(run.name, spec.project, spec.model_dump())
@@ -65,6 +68,18 @@ async def get_run(run: RunDep, state: State) -> dict[str, Any]:
     return {**run.info(), "steps": state.store.steps(run.name)}
 
 
+@router.delete("/v1/runs/{name}")
+async def delete_run(run: DeletableRun, state: State) -> dict[str, Any]:
+    """Delete a run: its jobs cancelled, its served names withdrawn, its adapters unloaded, its
+    checkpoints and stored trajectories, steps and jobs removed. A run of that name can then be
+    created afresh."""
+    state.runs.forget(run)
+    await asyncio.to_thread(state.jobs.cancel_run, run.name)
+    await asyncio.to_thread(state.runs.remove, run)
+    await asyncio.to_thread(state.store.delete_run, run.name)
+    return {"deleted": run.name, "step": run.step}
+
+
 @router.post("/v1/runs/{name}/jobs", status_code=202)
 async def submit_job(run: RunDep, state: State, job: JobRequest) -> dict[str, Any]:
     return await queue_job(state, run, job)
@@ -72,6 +87,10 @@ async def submit_job(run: RunDep, state: State, job: JobRequest) -> dict[str, An
 
 async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob) -> dict[str, Any]:
     """Check what only this model can tell about a job, then queue it (once per idempotency key)."""
+    try:
+        bounds.check_steps(bounds.requested_steps(job), state.jobs.max_optimizer_steps, "asks for")
+    except bounds.TooLarge as e:
+        raise APIError(400, str(e), param="config", code="job_too_large")
     if isinstance(job, RLJob):
         try:
             await asyncio.to_thread(check_submission, job.groups, state.host.vocab_size, state.host.fingerprint)

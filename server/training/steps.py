@@ -27,6 +27,7 @@ from protocol.staleness import sampled_step, split_by_staleness, staleness
 from protocol.trajectory import Conversation, TrajectoryGroup
 from server.training.advantages import (GroupAdvantages, awr_weights, given_value_advantages, group_advantages,
                                         leave_one_out_advantages)
+from server.training import bounds
 from server.training.assemble import AssemblyStats, TrainSequence, assemble_history, assemble_sft
 from server.training.health import NON_FINITE_UPDATE, step_warnings
 from server.training.hyperparams import default_learning_rate
@@ -41,6 +42,7 @@ class Hooks:
 
     progress: Callable[[str, dict[str, Any]], None] = lambda stage, data: None
     should_stop: Callable[[], bool] = lambda: False  # cancelled, or past the job's time limit
+    max_optimizer_steps: int | None = None  # the server's bound per job (server/training/bounds.py)
 
 
 @dataclass
@@ -189,6 +191,7 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
         m.signal_share = signal_share(cfg.loss_aggregation, m.trainable_tokens, len(batch.sequences),
                                       batch.dropped_tokens, batch.dropped_sequences)
     plan = OptimPlan.for_rl(cfg, cfg.learning_rate or default_learning_rate(run.host.config))
+    _within_bound(plan, len(batch.sequences), hooks)
     fit(run, plan, m, t0, batch.sequences[0], lambda: optimize(
         run, batch.sequences, plan, rl_loss(cfg), loss_scale=m.signal_share, should_stop=hooks.should_stop))
     return _measured(run, "rl", m)
@@ -204,9 +207,17 @@ def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, hooks:
         m.step_seconds = time.time() - t0
         return _measured(run, "sft", m)
     plan = OptimPlan.for_sft(cfg, cfg.learning_rate or default_learning_rate(run.host.config), len(sequences))
+    _within_bound(plan, len(sequences), hooks)
     fit(run, plan, m, t0, sequences[0], lambda: optimize(
         run, sequences, plan, sft_loss, measure_gap=False, measure_kl=False, should_stop=hooks.should_stop))
     return _measured(run, "sft", m)
+
+
+def _within_bound(plan: OptimPlan, n_sequences: int, hooks: Hooks) -> None:
+    """The bound checked at submission, on the sequences assembly made (it can make more than one
+    per trajectory)."""
+    steps = bounds.optimizer_steps(plan.epochs, min(plan.num_minibatches, n_sequences))
+    bounds.check_steps(steps, hooks.max_optimizer_steps, "would take")
 
 
 def _measured(run: Run, kind: str, m: StepMetrics) -> ComputedStep:
