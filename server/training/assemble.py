@@ -235,7 +235,9 @@ def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = 
             sequences.append(current)
             current.extend(prompt.ids[: prompt.length], trained=False)
         current.extend(s.ids, trained, s.logprobs, s.sampling.logprob_temperature)
-        along = prompt.whole  # the whole render continues with exactly these sampled ids
+        # `current` stays a prefix of the whole render while the render continues with these very ids.
+        spliced_as_sampled = prompt.ids[prompt.length: prompt.length + len(s.ids)] == s.ids
+        along = prompt.whole if spliced_as_sampled else None
     for whole, upto in reach.values():
         rewritten |= {i for i, ok in whole.prompt.spliced.items() if not ok and i < upto}
     stats.rewritten_turns = len(rewritten)
