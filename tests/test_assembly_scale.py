@@ -129,3 +129,15 @@ def test_assembly_stops_at_the_next_turn_when_the_job_is_stopped(chat):
     with pytest.raises(Cancelled):
         assemble_history(history, chat, should_stop=stop)
     assert len(asked) == 51
+
+
+def test_context_after_the_last_trained_turn_is_not_kept(chat):
+    """Turns whose prompts do not match are context only: after the last trained turn they would
+    only make the forward pass longer."""
+    messages, replies = _conversation(chat, 40)
+    at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    first = fingerprint(chat.turns.prompt(messages[: at[0]], None).ids)
+    (seq,), stats = assemble_history(_history(chat, messages, replies, [first] + ["0" * 24] * 39), chat)
+    assert (stats.trained_choices, stats.prompt_mismatches) == (1, 39)
+    assert seq.ids == chat.turns.prompt(messages[: at[0]], None).ids + replies[0]
+    assert seq.mask[-1] and len(seq.old_logprobs) == len(seq.temperatures) == len(seq.ids)

@@ -242,9 +242,19 @@ def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = 
         rewritten |= {i for i, ok in whole.prompt.spliced.items() if not ok and i < upto}
     stats.rewritten_turns = len(rewritten)
     stats.trajectories_without_choices = int(stats.choices == 0)
-    sequences = [s for s in sequences if s.n_loss_tokens > 0]
+    sequences = [_through_last_trained(s) for s in sequences if s.n_loss_tokens > 0]
     stats.sequences = len(sequences)
     return sequences, stats
+
+
+def _through_last_trained(seq: TrainSequence) -> TrainSequence:
+    """The sequence without the context after its last trained token: in a causal model it changes
+    no trained token's logprob, and a long history of untrained turns would cost a forward pass
+    over all of it."""
+    end = len(seq.mask) - seq.mask[::-1].index(True)
+    for name in ("ids", "mask", "old_logprobs", "temperatures"):
+        del getattr(seq, name)[end:]
+    return seq
 
 
 def assemble_sft(conversation: Conversation, chat: ChatFormat, should_stop: Callable[[], bool] = _never
