@@ -145,6 +145,23 @@ def test_a_job_past_the_step_bound_is_refused_naming_the_flag(bounded, body):
     assert _status(url, ok) == "succeeded"  # the server kept serving, and a job within the bound trains
 
 
+def test_a_job_whose_assembly_passes_the_step_bound_fails_naming_the_flag(bounded):
+    """Counted at submission as one sequence per trajectory; each trajectory here has three more
+    histories, so assembly makes 8 sequences and 50 epochs of 8 minibatches pass the bound."""
+    url = bounded.url
+    assert _register(url, "split").status_code == 200
+    items = _history(_choice(url, "split"), 1)
+    body = _rl(items, "k-split", epochs=50, num_minibatches=8)
+    for t in body["groups"][0]["trajectories"]:
+        t["additional_histories"] = [{"messages_and_choices": items}] * 3
+    job = _submit(url, "split", body)
+    _wait(url, job, ENDED, 120)
+    record = httpx.get(f"{url}/v1/jobs/{job}", timeout=30).json()
+    assert record["status"] == "failed"
+    assert "would take 400 optimizer steps" in record["error"] and "--max-job-optimizer-steps" in record["error"]
+    assert httpx.get(f"{url}/v1/runs/split", timeout=30).json()["step"] == 0
+
+
 def test_a_run_is_deleted_with_everything_it_had_and_made_again(bounded, tmp_path):
     url = bounded.url
 
