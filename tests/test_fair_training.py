@@ -109,7 +109,7 @@ def test_one_runs_queue_of_jobs_does_not_hold_another_runs_job(plain):
     for name in ("busy", "patient"):
         assert _register(url, name).status_code == 200
     items = _history(_choice(url, "busy"), 1)
-    busy = [_submit(url, "busy", _rl(items, f"k-busy-{i}", epochs=100, num_minibatches=2)) for i in range(4)]
+    busy = [_submit(url, "busy", _rl(items, f"k-busy-{i}", epochs=50, num_minibatches=2)) for i in range(4)]
     patient = _submit(url, "patient", _rl(items, "k-patient", epochs=1))
     _wait(url, patient, ENDED, 300)
     still_waiting = [j for j in busy if _status(url, j) not in ENDED]
