@@ -73,10 +73,13 @@ async def delete_run(run: DeletableRun, state: State) -> dict[str, Any]:
     """Delete a run: its jobs cancelled, its served names withdrawn, its adapters unloaded, its
     checkpoints and stored trajectories, steps and jobs removed. A run of that name can then be
     created afresh."""
-    state.runs.forget(run)
-    await asyncio.to_thread(state.jobs.cancel_run, run.name)
-    await asyncio.to_thread(state.runs.remove, run)
-    await asyncio.to_thread(state.store.delete_run, run.name)
+    state.runs.forget(run)  # from here no request or submission finds it, and its name is taken
+    try:
+        await asyncio.to_thread(state.jobs.cancel_run, run.name)
+        await asyncio.to_thread(state.runs.remove, run)
+        await asyncio.to_thread(state.store.delete_run, run.name)
+    finally:
+        state.runs.deleted(run.name)
     return {"deleted": run.name, "step": run.step}
 
 

@@ -140,7 +140,7 @@ class RunManager:
 
     def forget(self, run: Run) -> None:
         """The first half of deleting a run: no request or submission finds it any more, and its
-        name cannot be taken again until `remove` is done."""
+        name cannot be taken again until `deleted` says so."""
         with self._lock:
             if self._runs.get(run.name) is run:
                 del self._runs[run.name]
@@ -157,29 +157,30 @@ class RunManager:
         already decoding on one finishes first, for up to `grace` seconds) and its files deleted.
         The folder is moved out of runs/ first, so a crash midway never resumes half a run."""
         deadline = time.monotonic() + grace
-        try:
-            with self._lock:  # again: a job that was committing when it was cancelled published its step
-                self._withdraw(run)
-            for adapter in list(run.snapshots.values()):
-                while self.served.in_use(adapter) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if self.served.in_use(adapter):
-                    log.error("run %s: adapter %s still decodes after %.0fs; it stays loaded", run.name, adapter, grace)
-                    continue
-                self.engine.unload_adapter(adapter)
-            run.snapshots.clear()
-            with self.host.lock:
-                self.host.delete_adapter(run.adapter)
-            run.optimizer.state.clear()
-            if run.dir.exists():
-                self.trash.mkdir(parents=True, exist_ok=True)
-                aside = self.trash / f"{run.name}-{time.time_ns()}"
-                run.dir.rename(aside)
-                shutil.rmtree(aside, ignore_errors=True)
-        finally:
-            with self._lock:
-                self._deleting.discard(run.name)
+        with self._lock:  # again: a job that was committing when it was cancelled published its step
+            self._withdraw(run)
+        for adapter in list(run.snapshots.values()):
+            while self.served.in_use(adapter) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.served.in_use(adapter):
+                log.error("run %s: adapter %s still decodes after %.0fs; it stays loaded", run.name, adapter, grace)
+                continue
+            self.engine.unload_adapter(adapter)
+        run.snapshots.clear()
+        with self.host.lock:
+            self.host.delete_adapter(run.adapter)
+        run.optimizer.state.clear()
+        if run.dir.exists():
+            self.trash.mkdir(parents=True, exist_ok=True)
+            aside = self.trash / f"{run.name}-{time.time_ns()}"
+            run.dir.rename(aside)
+            shutil.rmtree(aside, ignore_errors=True)
         log.info("run %s deleted", run.name)
+
+    def deleted(self, name: str) -> None:
+        """The name is free again (once the store has forgotten the run too)."""
+        with self._lock:
+            self._deleting.discard(name)
 
     def lora_config(self, spec: RunSpec) -> Any:
         from peft import LoraConfig
