@@ -177,6 +177,13 @@ class TrainableModel:
         body = {"steps": sorted(set(steps))}
         return (await self.request("POST", f"/v1/runs/{self.name}/adapters/retain", json=body))["loaded"]
 
+    async def delete(self) -> dict[str, Any]:
+        """Delete this run on the server: its jobs cancelled, its adapters, checkpoints, steps and
+        trajectories gone. `register()` then creates a fresh run of the same name."""
+        info = await self.request("DELETE", f"/v1/runs/{self.name}")
+        self.step = 0
+        return info
+
     async def cancel(self, job_id: str) -> dict[str, Any]:
         """Stop a queued or running job; a step it has not finished never lands."""
         return await self.request("DELETE", f"/v1/jobs/{job_id}")

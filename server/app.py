@@ -86,9 +86,12 @@ def build_state(settings: Settings) -> ServerState:
     served = ServedModels(host.name, host.aliases)
     data_dir = Path(settings.data_dir)
     store = Store(data_dir / "artisan.sqlite")
-    runs = RunManager(host, engine, served, data_dir)
+    mib = 2**20
+    runs = RunManager(host, engine, served, data_dir,
+                      adapter_memory=settings.adapter_memory_mb * mib if settings.adapter_memory_mb else None,
+                      memory_reserve=settings.memory_reserve_mb * mib)
     jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, settings.job_time_limit,
-                      make_optimizer(settings, host))
+                      settings.max_job_optimizer_steps, make_optimizer(settings, host))
     sessions = Sessions(ttl=settings.session_ttl, max_sessions=settings.max_sessions,
                         max_exchanges=settings.session_max_exchanges, max_tokens=settings.session_max_tokens)
     return ServerState(settings, host, engine, served, runs, store, jobs, queue, sessions,

@@ -74,6 +74,14 @@ def serve(
     max_waiting: int = typer.Option(512, help="Sequences queued before requests get 503."),
     max_request_bytes: int = typer.Option(64 * 1024 * 1024, help="Larger request bodies get 413."),
     job_time_limit: float = typer.Option(6 * 3600.0, help="Seconds a training job may run before it is stopped."),
+    max_job_optimizer_steps: int = typer.Option(1024, min=1, help="Optimizer steps (epochs x minibatches) one training "
+                                                "job may take; larger jobs are refused at submission, so that one "
+                                                "run's job never holds the others' for long (runs take turns)."),
+    adapter_memory_mb: int = typer.Option(None, min=1, help="MiB all runs' adapters, optimizer states and served "
+                                          "copies may take together; a run past it is refused (default: what the "
+                                          "device has left, less --memory-reserve-mb)."),
+    memory_reserve_mb: int = typer.Option(1024, min=0, help="MiB kept free for decoding and training: a new run "
+                                          "whose adapter would eat into it is refused."),
     session_ttl: float = typer.Option(3600.0, min=1, help="Seconds a recorded session (and a response kept for "
                                                           "previous_response_id) lives unused."),
     session_max_exchanges: int = typer.Option(1000, min=1, help="Exchanges one recorded session may hold."),
@@ -103,7 +111,8 @@ def serve(
                         vllm_max_loras=vllm_max_loras, replicas=replicas, train_processes=train_processes,
                         ray_address=ray_address, max_batch=max_batch, max_waiting=max_waiting,
                         max_request_bytes=max_request_bytes, job_time_limit=job_time_limit,
-                        session_ttl=session_ttl, session_max_exchanges=session_max_exchanges,
+                        max_job_optimizer_steps=max_job_optimizer_steps, adapter_memory_mb=adapter_memory_mb,
+                        memory_reserve_mb=memory_reserve_mb, session_ttl=session_ttl, session_max_exchanges=session_max_exchanges,
                         keep_trajectory_steps=keep_trajectory_steps, export=export, export_timeout=export_timeout,
                         export_queue=export_queue)
     check_bind(settings)

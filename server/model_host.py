@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import logging
 import re
 import threading
@@ -83,6 +84,27 @@ def lora_targets(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
+def linear_shapes(model: torch.nn.Module) -> list[tuple[str, int, int]]:
+    """Leaf name, in and out features of each linear layer in the decoder blocks (read before any
+    adapter wraps them)."""
+    return [(name.rsplit(".", 1)[-1], m.in_features, m.out_features) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and re.search(r"\.layers\.\d+\.", name)]
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes the device can still allocate: free GPU memory, or the system's MemAvailable."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def context_window(config: Any) -> int:
     """The longest sequence the model takes: prompt and completion, as both engines bound them."""
     return int(getattr(config, "max_position_embeddings", None) or 4096)
@@ -110,6 +132,7 @@ class ModelHost:
         self.lock = threading.RLock()
         self.context_window = context_window(self.config)
         self.lora_targets = lora_targets(model)
+        self.linear_shapes = linear_shapes(model)
         self.fingerprint = self._fingerprint()
         self.n_params = sum(p.numel() for p in model.parameters())
         self.gradient_checkpointing = False

@@ -62,6 +62,12 @@ class Settings(BaseModel):
     session_max_exchanges: int = 1_000
     session_max_tokens: int = 2_000_000
     job_time_limit: float = 6 * 3600.0  # seconds a training job may run before it is stopped
+    # Bounds that keep one run from holding the others (server/training/bounds.py): optimizer steps
+    # per job (None: unbounded); the memory all runs' adapters may take (None: what the device has
+    # left), and the memory kept free for decoding and training.
+    max_job_optimizer_steps: int | None = 1024
+    adapter_memory_mb: int | None = None
+    memory_reserve_mb: int = 1024
     # Retention: trajectories of only the newest N steps per run are kept (None: all of them).
     keep_trajectory_steps: int | None = None
     # Optional trajectory exporters (exporters/, queued by server/export_queue.py): langfuse, weave, openpipe; off when empty.

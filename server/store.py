@@ -137,6 +137,15 @@ class Store:
     def runs(self) -> list[dict[str, Any]]:
         return self._rows("SELECT name, project, spec, created, owner FROM runs ORDER BY created")
 
+    def delete_run(self, name: str) -> None:
+        """Everything stored of a run, in one transaction: a run made again under its name starts empty
+        (its idempotency keys, steps and trajectories gone with it)."""
+        self._write([
+            ("DELETE FROM job_events WHERE job_id IN (SELECT id FROM jobs WHERE run = ?)", (name,)),
+            *((f"DELETE FROM {table} WHERE run = ?", (name,)) for table in ("jobs", "trajectories", "attempts", "steps")),
+            ("DELETE FROM runs WHERE name = ?", (name,)),
+        ])
+
     def put_step(self, run: str, step: int, kind: str, metrics: dict[str, Any], warnings: list[str],
                  trajectories: list[tuple[int, int, float, dict[str, Any]]], split: str = "train",
                  pending: bool = False, job_id: str | None = None) -> None:

@@ -19,6 +19,7 @@ from server.api.deps import RunDep, ServerState, State, may_see_run
 from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.store import trajectory_rows
+from server.training import bounds
 from server.training.assemble import AssemblyError, check_submission
 from server.training.jobs import ACTIVE, KeyConflict
 from server.ownership import NameTaken, RunLimit
@@ -68,6 +69,8 @@ async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, A
             state.owners.release(spec.name)
         if isinstance(e, RunConflict):
             raise APIError(409, str(e), param="lora", code="run_conflict") from None
+        if isinstance(e, bounds.TooLarge):  # depends on the runs there are: deleting one can make room
+            raise APIError(409, str(e), param="lora.rank", code="insufficient_memory") from None
         if isinstance(e, ValueError):  # settings this model cannot take (target modules it does not have)
             raise APIError(400, str(e), param="lora", code="invalid_value") from None
         raise
@@ -87,6 +90,22 @@ async def get_run(run: RunDep, state: State) -> dict[str, Any]:
     return {**run.info(), "steps": state.store.steps(run.name)}
 
 
+@router.delete("/v1/runs/{name}", responses=RUN)
+async def delete_run(run: RunDep, state: State) -> dict[str, Any]:
+    """Delete a run: its jobs cancelled, its served names withdrawn, its adapters unloaded, its
+    checkpoints and stored trajectories, steps and jobs removed. A run of that name can then be
+    created afresh."""
+    state.runs.forget(run)  # from here no request or submission finds it, and its name is taken
+    try:
+        await asyncio.to_thread(state.jobs.cancel_run, run.name)
+        await asyncio.to_thread(state.runs.remove, run)
+        await asyncio.to_thread(state.store.delete_run, run.name)
+        state.owners.release(run.name)  # its name, and a place in its key's count of runs
+    finally:
+        state.runs.deleted(run.name)
+    return {"deleted": run.name, "step": run.step}
+
+
 @router.post("/v1/runs/{name}/jobs", status_code=202, responses=RUN)
 async def submit_job(run: RunDep, state: State, job: JobRequest) -> dict[str, Any]:
     return await queue_job(state, run, job)
@@ -94,6 +113,10 @@ async def submit_job(run: RunDep, state: State, job: JobRequest) -> dict[str, An
 
 async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob) -> dict[str, Any]:
     """Check what only this model can tell about a job, then queue it (once per idempotency key)."""
+    try:
+        bounds.check_steps(bounds.requested_steps(job), state.jobs.max_optimizer_steps, "asks for")
+    except bounds.TooLarge as e:
+        raise APIError(400, str(e), param="config", code="job_too_large")
     if isinstance(job, RLJob):
         try:
             await asyncio.to_thread(check_submission, job.groups, state.host.vocab_size, state.host.fingerprint)

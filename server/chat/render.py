@@ -28,6 +28,9 @@ class RenderedPrompt:
     rewritten_turns: int = 0
     # Per assistant message index: whether its sampled ids went in verbatim.
     spliced: dict[int, bool] = field(default_factory=dict)
+    # Per assistant message index spliced verbatim: where its sampled ids start in `ids`, which is
+    # where the prompt it was sampled after ends when the template extends by appending.
+    offsets: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,6 +119,7 @@ class Renderer:
             body = s.body.strip()
             dropped = len(body) < len(said) and said.endswith(body) and said[:len(said) - len(body)].strip()
             if closes and not dropped:
+                out.offsets[s.index] = len(out.ids)
                 out.ids += sampled
                 carry = end_text
                 pieces[k + 1] = pieces[k + 1][len(end_text):]

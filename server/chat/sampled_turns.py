@@ -31,6 +31,26 @@ def fingerprint(ids: Sequence[int]) -> str:
     return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()[:24]
 
 
+class PrefixFingerprints:
+    """`fingerprint(ids[:n])` for growing n at the cost of the tokens added since the last one:
+    the hash is fed the same text json.dumps writes, so a long conversation's turns are checked in
+    linear time, not each from its first token."""
+
+    def __init__(self, ids: Sequence[int]):
+        self.ids, self._fed, self._hash = ids, 0, hashlib.sha256(b"[")
+
+    def of(self, n: int) -> str:
+        if n < self._fed:
+            return fingerprint(self.ids[:n])
+        if n > self._fed:
+            head = "" if self._fed == 0 else ", "
+            self._hash.update((head + ", ".join(map(str, self.ids[self._fed:n]))).encode())
+            self._fed = n
+        done = self._hash.copy()
+        done.update(b"]")
+        return done.hexdigest()[:24]
+
+
 @dataclass(frozen=True)
 class SampledTurn:
     """An assistant turn exactly as sampled: the ids after the generation prompt."""

@@ -14,8 +14,9 @@ code that splices turns into prompts); one the server never sampled is context, 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from openai.types.chat.chat_completion import Choice
 
@@ -24,7 +25,7 @@ from protocol.choices import (SamplingInfo, as_message, check_choice_numbers, ch
 from protocol.trajectory import Conversation, History, TrajectoryGroup
 from server.chat.format import ChatFormat
 from server.chat.render import RenderedPrompt
-from server.chat.sampled_turns import fingerprint
+from server.chat.sampled_turns import PrefixFingerprints, fingerprint
 from server.chat.template import TemplateError
 from server.chat.validate import RenderError
 
@@ -112,15 +113,64 @@ def _check_choice(choice: Choice, vocab_size: int, model_fingerprint: str, where
                             f"(fingerprint {info.model_fingerprint}, this server {model_fingerprint})")
 
 
-def _resolve(choice: Choice, messages: list[dict[str, Any]], idx: int, tools: Any, chat: ChatFormat
-             ) -> tuple[SampledChoice | None, RenderedPrompt | None]:
+class Cancelled(Exception):
+    """The job was cancelled or ran past its time limit (checked between turns in assembly and
+    between micro-batches in optimisation); the step is abandoned, not committed."""
+
+
+@dataclass
+class _Prompt:
+    """A turn's prompt: the first `length` ids of `ids`, which is the whole history's render when
+    `whole` is set (shared by the turns that extend each other) or the turn's own render."""
+
+    ids: list[int]
+    length: int
+    whole: "_Whole | None" = None
+    spliced: dict[int, bool] = field(default_factory=dict)
+
+
+@dataclass
+class _Whole:
+    """The history rendered once, every sampled turn spliced in: under a template that extends a
+    conversation by appending, each turn's prompt is a prefix of it, checked by its fingerprint
+    (fed incrementally), so a history of n turns costs one render, not n."""
+
+    prompt: RenderedPrompt
+    fingerprints: PrefixFingerprints
+
+
+class _Wholes:
+    def __init__(self, chat: ChatFormat, messages: list[dict[str, Any]], tools: Any):
+        self.chat, self.messages, self.tools = chat, messages, tools
+        self._made: dict[str, _Whole | None] = {}
+
+    def get(self, kwargs: dict[str, Any] | None) -> _Whole | None:
+        key = json.dumps(kwargs, sort_keys=True)
+        if key not in self._made:
+            try:
+                rendered = self.chat.turns.prompt(self.messages, self.tools, kwargs)
+                self._made[key] = _Whole(rendered, PrefixFingerprints(rendered.ids))
+            except (RenderError, TemplateError):  # each turn's own render names the place
+                self._made[key] = None
+        return self._made[key]
+
+
+def _resolve(choice: Choice, messages: list[dict[str, Any]], idx: int, tools: Any, chat: ChatFormat,
+             wholes: _Wholes) -> tuple[SampledChoice | None, _Prompt | None]:
     """The turn as sampled, and the prompt rebuilt for it: the choice's own record, or, for a
-    choice that lost it, what this server sampled with that text after that very prompt."""
+    choice that lost it, what this server sampled with that text after that very prompt. A prompt
+    is a prefix of the whole history's render when its fingerprint says so, else rendered alone
+    (a template that rewrote history, or a choice that lost its record)."""
     ids, lps, info = choice_token_ids(choice), choice_logprobs(choice), choice_sampling(choice)
     try:
         if ids is not None and lps is not None and info is not None:
-            return SampledChoice(ids, lps, info), chat.turns.prompt(messages[:idx], tools,
-                                                                     info.model_extra.get("chat_template_kwargs"))
+            kwargs = info.model_extra.get("chat_template_kwargs")
+            whole = wholes.get(kwargs)
+            offset = whole.prompt.offsets.get(idx) if whole is not None else None
+            if offset is not None and whole.fingerprints.of(offset) == info.prompt_fingerprint:
+                return SampledChoice(ids, lps, info), _Prompt(whole.prompt.ids, offset, whole)
+            own = chat.turns.prompt(messages[:idx], tools, kwargs)
+            return SampledChoice(ids, lps, info), _Prompt(own.ids, len(own.ids), spliced=own.spliced)
         found = chat.turns.recover(messages, idx, tools)
     except (RenderError, TemplateError) as e:
         raise AssemblyError(f"messages before choice {idx}: {e}")
@@ -128,51 +178,87 @@ def _resolve(choice: Choice, messages: list[dict[str, Any]], idx: int, tools: An
         return None, None
     turn, prompt = found
     sampling = SamplingInfo.model_validate(turn.record["sampling"])
-    return SampledChoice(list(turn.token_ids), list(turn.record["logprobs"]), sampling, recovered=True), prompt
+    return (SampledChoice(list(turn.token_ids), list(turn.record["logprobs"]), sampling, recovered=True),
+            _Prompt(prompt.ids, len(prompt.ids), spliced=prompt.spliced))
 
 
-def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = False
-                     ) -> tuple[list[TrainSequence], AssemblyStats]:
+def _never() -> bool:
+    return False
+
+
+def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = False,
+                     should_stop: Callable[[], bool] = _never) -> tuple[list[TrainSequence], AssemblyStats]:
     stats = AssemblyStats()
     items = history.messages_and_choices
     messages = [as_message(i) for i in items]
+    last = max((i for i, item in enumerate(items) if isinstance(item, Choice)), default=-1)
+    for i, item in enumerate(items):  # later prompts splice these exact ids
+        if isinstance(item, Choice) and (ids := choice_token_ids(item)) is not None and choice_sampling(item):
+            messages[i] = {**messages[i], "token_ids": ids}
+    wholes = _Wholes(chat, messages[: last + 1], history.tools)
     sequences: list[TrainSequence] = []
     current: TrainSequence | None = None
+    along: _Whole | None = None  # the whole render `current` is a prefix of, when it is one
     rewritten: set[int] = set()
+    reach: dict[int, tuple[_Whole, int]] = {}
     for idx, item in enumerate(items):
         if not isinstance(item, Choice):
             stats.context_only_assistant_messages += item.get("role") == "assistant"
             continue
+        if should_stop():
+            raise Cancelled()
         stats.choices += 1
-        s, prompt = _resolve(item, messages, idx, history.tools, chat)
+        s, prompt = _resolve(item, messages, idx, history.tools, chat, wholes)
         if s is None or prompt is None:
             stats.unsampled_choices += 1
             continue
-        messages[idx] = {**messages[idx], "token_ids": s.ids}  # later prompts splice these exact ids
+        messages[idx] = {**messages[idx], "token_ids": s.ids}
         stats.recovered_choices += s.recovered
-        rewritten |= {i for i, ok in prompt.spliced.items() if not ok}
-        matches = fingerprint(prompt.ids) == s.sampling.prompt_fingerprint
+        if prompt.whole is None:
+            rewritten |= {i for i, ok in prompt.spliced.items() if not ok}
+        else:  # counted once, at the end, up to the last turn that used it
+            reach[id(prompt.whole)] = (prompt.whole, idx)
+        matches = (prompt.whole is not None or
+                   fingerprint(prompt.ids[: prompt.length]) == s.sampling.prompt_fingerprint)
         truncated = item.finish_reason == "length"
         trained = matches and not (truncated and mask_truncated)
         stats.truncated_choices += truncated
         stats.prompt_mismatches += not matches
         stats.trained_choices += trained
-        if current is not None and prompt.ids[: len(current.ids)] == current.ids:
-            current.extend(prompt.ids[len(current.ids):], trained=False)
+        n = len(current.ids) if current is not None else 0
+        if current is not None and n <= prompt.length and (
+                (along is not None and along is prompt.whole) or prompt.ids[:n] == current.ids):
+            current.extend(prompt.ids[n: prompt.length], trained=False)
         else:
             stats.non_extending_turns += current is not None
             current = TrainSequence()
             sequences.append(current)
-            current.extend(prompt.ids, trained=False)
+            current.extend(prompt.ids[: prompt.length], trained=False)
         current.extend(s.ids, trained, s.logprobs, s.sampling.logprob_temperature)
+        # `current` stays a prefix of the whole render while the render continues with these very ids.
+        spliced_as_sampled = prompt.ids[prompt.length: prompt.length + len(s.ids)] == s.ids
+        along = prompt.whole if spliced_as_sampled else None
+    for whole, upto in reach.values():
+        rewritten |= {i for i, ok in whole.prompt.spliced.items() if not ok and i < upto}
     stats.rewritten_turns = len(rewritten)
     stats.trajectories_without_choices = int(stats.choices == 0)
-    sequences = [s for s in sequences if s.n_loss_tokens > 0]
+    sequences = [_through_last_trained(s) for s in sequences if s.n_loss_tokens > 0]
     stats.sequences = len(sequences)
     return sequences, stats
 
 
-def assemble_sft(conversation: Conversation, chat: ChatFormat) -> list[TrainSequence]:
+def _through_last_trained(seq: TrainSequence) -> TrainSequence:
+    """The sequence without the context after its last trained token: in a causal model it changes
+    no trained token's logprob, and a long history of untrained turns would cost a forward pass
+    over all of it."""
+    end = len(seq.mask) - seq.mask[::-1].index(True)
+    for name in ("ids", "mask", "old_logprobs", "temperatures"):
+        del getattr(seq, name)[end:]
+    return seq
+
+
+def assemble_sft(conversation: Conversation, chat: ChatFormat, should_stop: Callable[[], bool] = _never
+                 ) -> list[TrainSequence]:
     """A demonstration conversation: every assistant turn's tokens (through the token that ends
     the turn) are trained, everything else is context. Turns share a sequence while the rendered
     conversation grows by appending."""
@@ -181,6 +267,8 @@ def assemble_sft(conversation: Conversation, chat: ChatFormat) -> list[TrainSequ
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
+        if should_stop():
+            raise Cancelled()
         try:
             prompt = chat.renderer.render(messages[:i], conversation.tools, True).ids
             full = chat.renderer.render(messages[: i + 1], conversation.tools, False).ids

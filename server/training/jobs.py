@@ -1,5 +1,9 @@
 """Training jobs: submit returns at once, a worker runs jobs one at a time, clients follow events.
 
+Each run has its own queue and the worker takes the runs in turn (round-robin), so a run that
+queued many jobs delays another run by at most one of its jobs, which the bounds checked at
+submission (server/training/bounds.py) and the time limit keep finite.
+
 Idempotency: a submission carries a key; the same key with the same body returns the same job
 and trains once, the same key with another body is refused. Events are stored, so a client whose
 connection dropped resumes from the last event it saw. A job's step is computed by steps.py and
@@ -13,10 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import queue
 import threading
 import time
 import uuid
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,8 +30,9 @@ from server.export_queue import ExportQueue
 from server.faults import crash_point
 from server.store import Store, storage_failure
 from server.training import checkpoints, steps
+from server.training.assemble import Cancelled
 from server.training.commit import Attempt, CommitTargets, commit_step, roll_back
-from server.training.optimize import Cancelled, optimize
+from server.training.optimize import optimize
 from server.training.runs import Run, RunManager
 
 log = logging.getLogger("artisan.jobs")
@@ -75,12 +80,16 @@ class Job:
 class JobManager:
     def __init__(self, runs: RunManager, store: Store, export_queue: ExportQueue | None = None,
                  keep_trajectory_steps: int | None = None, time_limit: float = 6 * 3600,
-                 optimize_step: Callable[..., Any] = optimize):
+                 max_optimizer_steps: int | None = None, optimize_step: Callable[..., Any] = optimize):
         self.runs, self.store = runs, store
         self.optimize = optimize_step  # in this process, or a DataParallelTrainer's (server/training/data_parallel.py)
         self.targets = CommitTargets(runs, store, export_queue, keep_trajectory_steps)
-        self.time_limit = time_limit
-        self._queue: "queue.Queue[Job | None]" = queue.Queue()
+        self.time_limit, self.max_optimizer_steps = time_limit, max_optimizer_steps
+        # Queued jobs per run, runs in the order the worker serves them; guarded by _turns.
+        self._queues: "OrderedDict[str, deque[Job]]" = OrderedDict()
+        self._turns = threading.Condition()
+        self._stopping = False
+        self.running: Job | None = None
         self._active: dict[str, Job] = {}
         # Jobs whose end the store could not take (a full disk): their record and terminal event,
         # served from here so that no client follows a job that never ends.
@@ -94,7 +103,9 @@ class JobManager:
         self._thread.start()
 
     def stop(self) -> None:
-        self._queue.put(None)
+        with self._turns:
+            self._stopping = True
+            self._turns.notify_all()
         self._thread.join(timeout=5)
 
     # ---- recovery ------------------------------------------------------------------------------
@@ -166,11 +177,44 @@ class JobManager:
             self.store.put_job(job.record())  # first: a store that cannot take it (a full disk) leaves no trace
             self._active[job.id] = job
         try:
-            self._event(job, "queued", {"position": self._queue.qsize()})
+            self._event(job, "queued", {"position": self.queued()})
         except Exception:  # the job is stored, so it is accepted: it runs without its queued event
             log.exception("job %s: its queued event could not be stored", job.id)
-        self._queue.put(job)
+        with self._turns:
+            self._queues.setdefault(job.run, deque()).append(job)
+            self._turns.notify_all()
         return job, True
+
+    def queued(self) -> int:
+        with self._turns:
+            return sum(len(q) for q in self._queues.values())
+
+    def _next(self) -> Job | None:
+        """The first queued job of the run whose turn it is (the run is then last in line)."""
+        with self._turns:
+            while not self._stopping and not self._queues:
+                self._turns.wait()
+            if self._stopping:
+                return None
+            name, jobs = next(iter(self._queues.items()))
+            job = jobs.popleft()
+            if jobs:
+                self._queues.move_to_end(name)
+            else:
+                del self._queues[name]
+            self.running = job
+            return job
+
+    def _unqueue(self, job: Job) -> bool:
+        """Take a job out of its run's queue; False when the worker has it already."""
+        with self._turns:
+            jobs = self._queues.get(job.run)
+            if jobs is None or job not in jobs:
+                return False
+            jobs.remove(job)
+            if not jobs:
+                del self._queues[job.run]
+            return True
 
     def get(self, job_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -189,13 +233,26 @@ class JobManager:
         return events
 
     def cancel(self, job_id: str) -> dict[str, Any] | None:
-        """Stop a queued job before it starts, or a running one at its next micro-batch."""
+        """End a queued job now, or stop a running one at its next turn or micro-batch."""
         with self._lock:
             job = self._active.get(job_id)
         if job is None:
             return self.store.job(job_id)
         job.cancel.set()
+        if self._unqueue(job):
+            self._finish(job, lambda: self._end(job, "cancelled", "cancelled before it started", "cancelled"))
         return job.record()
+
+    def cancel_run(self, run: str) -> None:
+        """Cancel every job of a run and return once none is running (a running job stops at its
+        next turn or micro-batch, or ends its commit)."""
+        with self._lock:
+            jobs = [j for j in self._active.values() if j.run == run]
+        for job in jobs:
+            self.cancel(job.id)
+        with self._turns:
+            while self.running is not None and self.running.run == run:
+                self._turns.wait(0.1)
 
     def _event(self, job: Job, type_: str, data: dict[str, Any]) -> None:
         with self._lock:
@@ -205,19 +262,22 @@ class JobManager:
 
     # ---- worker --------------------------------------------------------------------------------
     def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            try:
-                self._run(job)
-            except Exception as exc:  # a roll-back or a store write failed too: this job ends, the worker goes on
-                log.exception("job %s could not end cleanly", job.id)
-                self._end_unstored(job, f"{type(exc).__name__}: {exc}")
-            finally:
-                job.request = None
-                with self._lock:
-                    self._active.pop(job.id, None)
+        while (job := self._next()) is not None:
+            self._finish(job, lambda: self._run(job))
+            with self._turns:
+                self.running = None
+                self._turns.notify_all()
+
+    def _finish(self, job: Job, body: Any) -> None:
+        try:
+            body()
+        except Exception as exc:  # a roll-back or a store write failed too: this job ends, the worker goes on
+            log.exception("job %s could not end cleanly", job.id)
+            self._end_unstored(job, f"{type(exc).__name__}: {exc}")
+        finally:
+            job.request = None
+            with self._lock:
+                self._active.pop(job.id, None)
 
     def _run(self, job: Job) -> None:
         run = self.runs.get(job.run)
@@ -232,7 +292,8 @@ class JobManager:
         attempt = Attempt(job.id, job.key, job.request, run.next_step)
         try:
             crash_point("step_start")
-            computed = steps.compute(run, job.request, steps.Hooks(progress, stop, self.optimize))
+            computed = steps.compute(run, job.request, steps.Hooks(progress, stop, self.optimize,
+                                                                   self.max_optimizer_steps))
             result = commit_step(self.targets, run, attempt, computed)
         except Cancelled:
             if job.cancel.is_set():

@@ -16,15 +16,11 @@ import torch
 
 from protocol.config import SFTConfig, TrainConfig
 from server.training import losses
-from server.training.assemble import TrainSequence
+from server.training.assemble import Cancelled, TrainSequence
 from server.training.batching import Microbatch, deal, make_microbatch, plan
 
 # (trainer logprobs with grad, micro-batch) -> (per-token loss, per-token clipped)
 TokenLoss = Callable[[torch.Tensor, Microbatch], tuple[torch.Tensor, torch.Tensor]]
-
-
-class Cancelled(Exception):
-    """The job was cancelled or ran past its time bound; the step is abandoned, not committed."""
 
 
 @dataclass(frozen=True)

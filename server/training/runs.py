@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,9 @@ import torch
 from protocol.config import RunSpec
 from protocol.metrics import StepMetrics
 from server.engine.base import Engine
-from server.model_host import ModelHost
+from server.model_host import ModelHost, available_memory
 from server.serving import Policy, ServedModels
-from server.training import checkpoints
+from server.training import bounds, checkpoints
 
 log = logging.getLogger("artisan.runs")
 SERVED_SNAPSHOTS = 3  # recent steps kept loaded; older ones load from their checkpoint on demand
@@ -85,10 +87,15 @@ def adapter_name(run: str, suffix: str) -> str:
 
 
 class RunManager:
-    def __init__(self, host: ModelHost, engine: Engine, served: ServedModels, data_dir: Path):
+    def __init__(self, host: ModelHost, engine: Engine, served: ServedModels, data_dir: Path,
+                 adapter_memory: int | None = None, memory_reserve: int = 0):
         self.host, self.engine, self.served = host, engine, served
+        self.adapter_memory, self.memory_reserve = adapter_memory, memory_reserve
         self.root = Path(data_dir) / "runs"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.trash = Path(data_dir) / "deleted-runs"  # deleted runs' folders on their way out
+        shutil.rmtree(self.trash, ignore_errors=True)
+        self._deleting: set[str] = set()
         self._runs: dict[str, Run] = {}
         self._lock = threading.RLock()
         self.problems: list[str] = []  # runs that could not be resumed, for /health
@@ -111,13 +118,74 @@ class RunManager:
 
     def get_or_create(self, spec: RunSpec) -> tuple[Run, bool]:
         with self._lock:
+            if spec.name in self._deleting:
+                raise RunConflict(f"run {spec.name!r} is being deleted; create it again once that is done")
             existing = self._runs.get(spec.name)
             if existing is not None:
                 if existing.spec.lora != spec.lora:
                     raise RunConflict(f"run {spec.name!r} exists with different LoRA settings "
                                       f"({existing.spec.lora.model_dump()})")
                 return existing, False
+            self.check_memory(spec)
             return self._open(spec, create=True), True
+
+    def run_bytes(self, spec: RunSpec) -> int:
+        """What a run's adapter costs at steady state (server/training/bounds.py: BYTES_PER_LORA_PARAM)."""
+        targets = spec.lora.target_modules or self.host.lora_targets
+        return bounds.run_bytes(spec.lora.rank, [(i, o) for leaf, i, o in self.host.linear_shapes if leaf in targets])
+
+    def check_memory(self, spec: RunSpec) -> None:
+        """Refuse a run whose adapter would not fit: past --adapter-memory-mb with the runs there
+        are, or into the memory kept free on the device (--memory-reserve-mb)."""
+        need = self.run_bytes(spec)
+        if self.adapter_memory is not None:
+            used = sum(self.run_bytes(r.spec) for r in self._runs.values())
+            bounds.check_budget(spec.lora.rank, need, used, self.adapter_memory)
+        bounds.check_run_memory(spec.lora.rank, need, available_memory(self.host.device), self.memory_reserve)
+
+    def forget(self, run: Run) -> None:
+        """The first half of deleting a run: no request or submission finds it any more, and its
+        name cannot be taken again until `deleted` says so."""
+        with self._lock:
+            if self._runs.get(run.name) is run:
+                del self._runs[run.name]
+            self._deleting.add(run.name)
+            self._withdraw(run)
+
+    def _withdraw(self, run: Run) -> None:
+        self.served.withdraw(run.name)
+        for step in run.snapshots:
+            self.served.withdraw(f"{run.name}@{step}")
+
+    def remove(self, run: Run, grace: float = 60.0) -> None:
+        """The second half, once no job of the run is running: its adapters unloaded (a request
+        already decoding on one finishes first, for up to `grace` seconds) and its files deleted.
+        The folder is moved out of runs/ first, so a crash midway never resumes half a run."""
+        deadline = time.monotonic() + grace
+        with self._lock:  # again: a job that was committing when it was cancelled published its step
+            self._withdraw(run)
+        for adapter in list(run.snapshots.values()):
+            while self.served.in_use(adapter) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.served.in_use(adapter):
+                log.error("run %s: adapter %s still decodes after %.0fs; it stays loaded", run.name, adapter, grace)
+                continue
+            self.engine.unload_adapter(adapter)
+        run.snapshots.clear()
+        with self.host.lock:
+            self.host.delete_adapter(run.adapter)
+        run.optimizer.state.clear()
+        if run.dir.exists():
+            self.trash.mkdir(parents=True, exist_ok=True)
+            aside = self.trash / f"{run.name}-{time.time_ns()}"
+            run.dir.rename(aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        log.info("run %s deleted", run.name)
+
+    def deleted(self, name: str) -> None:
+        """The name is free again (once the store has forgotten the run too)."""
+        with self._lock:
+            self._deleting.discard(name)
 
     def lora_config(self, spec: RunSpec) -> Any:
         from peft import LoraConfig

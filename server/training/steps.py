@@ -27,6 +27,7 @@ from protocol.staleness import sampled_step, split_by_staleness, staleness
 from protocol.trajectory import Conversation, TrajectoryGroup
 from server.training.advantages import (GroupAdvantages, awr_weights, given_value_advantages, group_advantages,
                                         leave_one_out_advantages)
+from server.training import bounds
 from server.training.assemble import AssemblyStats, TrainSequence, assemble_history, assemble_sft
 from server.training.health import NON_FINITE_UPDATE, step_warnings
 from server.training.hyperparams import default_learning_rate
@@ -44,6 +45,7 @@ class Hooks:
     # The optimisation pass: in this process, or dealt to data-parallel training processes
     # (server/training/data_parallel.py); the same arguments and result either way.
     optimize: Callable[..., OptimizeStats] = optimize
+    max_optimizer_steps: int | None = None  # the server's bound per job (server/training/bounds.py)
 
 
 @dataclass
@@ -104,7 +106,8 @@ def submission_figures(groups: list[TrajectoryGroup]) -> StepMetrics:
                        reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None)
 
 
-def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig) -> Batch:
+def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig,
+                should_stop: Callable[[], bool] = lambda: False) -> Batch:
     """Advantages per group (groups without signal dropped, counted by why), then every history of
     every trajectory assembled into sequences that carry their trajectory's advantage."""
     batch = Batch()
@@ -122,7 +125,7 @@ def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig) -> Ba
             batch.histories += len(traj.additional_histories)
             first = len(batch.sequences)
             for history in traj.histories():
-                seqs, st = assemble_history(history, run.host.chat, cfg.mask_truncated)
+                seqs, st = assemble_history(history, run.host.chat, cfg.mask_truncated, should_stop)
                 batch.stats.add(st)
                 for s in seqs:
                     s.advantage, s.weight, s.group = a, w, gi
@@ -174,7 +177,7 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
     m = submission_figures(groups)
     groups, stale_figures = fresh_enough(run, groups, cfg)
     m = m.model_copy(update=stale_figures)
-    batch = build_batch(run, groups, cfg)
+    batch = build_batch(run, groups, cfg, hooks.should_stop)
     dropped = batch.groups_dropped
     m = m.model_copy(update={**vars(batch.stats), "groups_trainable": batch.groups_trainable,
                              "groups_dropped_constant": dropped["constant"], "groups_dropped_single": dropped["single"],
@@ -191,6 +194,7 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
         m.signal_share = signal_share(cfg.loss_aggregation, m.trainable_tokens, len(batch.sequences),
                                       batch.dropped_tokens, batch.dropped_sequences)
     plan = OptimPlan.for_rl(cfg, cfg.learning_rate or default_learning_rate(run.host.config))
+    _within_bound(plan, len(batch.sequences), hooks)
     fit(run, plan, m, t0, batch.sequences[0], lambda: hooks.optimize(
         run, batch.sequences, plan, rl_loss(cfg), loss_scale=m.signal_share, should_stop=hooks.should_stop))
     return _measured(run, "rl", m)
@@ -198,7 +202,7 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
 
 def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, hooks: Hooks = Hooks()) -> ComputedStep:
     t0 = time.time()
-    sequences = [s for c in conversations for s in assemble_sft(c, run.host.chat)]
+    sequences = [s for c in conversations for s in assemble_sft(c, run.host.chat, hooks.should_stop)]
     m = StepMetrics(conversations=len(conversations), sequences=len(sequences),
                     trainable_tokens=sum(s.n_loss_tokens for s in sequences))
     hooks.progress("assembled", {"sequences": len(sequences), "trainable_tokens": m.trainable_tokens})
@@ -206,9 +210,17 @@ def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, hooks:
         m.step_seconds = time.time() - t0
         return _measured(run, "sft", m)
     plan = OptimPlan.for_sft(cfg, cfg.learning_rate or default_learning_rate(run.host.config), len(sequences))
+    _within_bound(plan, len(sequences), hooks)
     fit(run, plan, m, t0, sequences[0], lambda: hooks.optimize(
         run, sequences, plan, sft_loss, measure_gap=False, measure_kl=False, should_stop=hooks.should_stop))
     return _measured(run, "sft", m)
+
+
+def _within_bound(plan: OptimPlan, n_sequences: int, hooks: Hooks) -> None:
+    """The bound checked at submission, on the sequences assembly made (it can make more than one
+    per trajectory)."""
+    steps = bounds.optimizer_steps(plan.epochs, min(plan.num_minibatches, n_sequences))
+    bounds.check_steps(steps, hooks.max_optimizer_steps, "would take")
 
 
 def _measured(run: Run, kind: str, m: StepMetrics) -> ComputedStep:
