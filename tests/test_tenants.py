@@ -64,6 +64,7 @@ def _run_requests(run: str, job_id: str, traj_id: int, groups) -> list[tuple[str
         ("GET", f"/ui/api/runs/{run}/steps/1/groups", None),
         ("GET", f"/ui/api/runs/{run}/trajectories", None),
         ("GET", f"/ui/api/trajectories/{traj_id}", None),
+        ("DELETE", f"/v1/runs/{run}", None),  # last: when it is wrongly allowed, the rest still ran
     ]
 
 
