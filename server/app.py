@@ -55,10 +55,16 @@ def _warn_unrendered_tools(host: ModelHost, settings: Settings) -> None:
 
 
 def make_engine(settings: Settings, host: ModelHost) -> Any:
+    if settings.engine == "vllm" and settings.replicas > 1:
+        raise SystemExit("--replicas runs torch engines on Ray; with --engine vllm, leave --replicas at 1")
     if settings.engine == "vllm":
         from server.engine.vllm import VllmEngine
 
         return VllmEngine(host, settings)
+    if settings.replicas > 1:
+        from server.engine.replicas import ReplicatedEngine
+
+        return ReplicatedEngine(host, settings)
     from server.engine.scheduler import TorchEngine
 
     return TorchEngine(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting)

@@ -1,0 +1,133 @@
+"""`art-server --replicas 2` on a Ray cluster: one API in front of two engine replicas (Ray actors),
+driven with the openai SDK; the replicas are also addressed directly through Ray, to show each
+one's answer and adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+import ray
+from openai import AsyncOpenAI, OpenAI
+
+from client import TrainConfig, TrainableModel
+from server.engine.sampling import SamplingParams
+from server.training.runs import adapter_name
+from tests.conftest import ServerProcess
+from tests.test_training_service import _groups, _with_rewards
+
+STEP_1 = adapter_name("replicated", "s1")  # the engine's name for the run's first trained step
+
+
+@pytest.fixture(scope="module")
+def srv(ray_cluster, tmp_path_factory):
+    server = ServerProcess(tmp_path_factory.mktemp("replicas"), extra=["--replicas", "2", "--ray-address", ray_cluster])
+    server.start(timeout=300)
+    ray.init(address=ray_cluster, namespace="artisan", log_to_driver=False)  # to address the replicas
+    yield server
+    ray.shutdown()
+    server.stop()
+
+
+def _health(url: str) -> dict:
+    return httpx.get(url + "/health", timeout=30).json()
+
+
+def _replica_answer(name: str, prompt_ids: list[int], params: SamplingParams, adapter: str | None):
+    """One replica's ids and logprobs for a prompt, asked of its actor directly."""
+    actor = ray.get_actor(name)
+    ids, lps = [], []
+    for ref in actor.generate.remote(f"test-{time.monotonic_ns()}", prompt_ids, params, adapter, 1, False):
+        for ev in ray.get(ref):
+            assert ev.kind in ("token", "finished"), ev.message
+            ids += ev.token_ids
+            lps += ev.logprobs
+    return ids, lps
+
+
+def _seeded(srv, model: str) -> tuple[dict, list[int], list[float]]:
+    client = OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What does a pear cost?"}],
+                                       max_tokens=12, temperature=1.0, seed=1234, logprobs=True,
+                                       extra_body={"ignore_eos": True})
+    raw = r.model_dump()
+    return raw, raw["choices"][0]["token_ids"], [t.logprob for t in r.choices[0].logprobs.content]
+
+
+def test_two_replicas_serve_and_health_shows_each(srv):
+    health = _health(srv.url)
+    assert health["status"] == "ok"
+    assert [(r["index"], r["state"]) for r in health["replicas"]] == [(0, "up"), (1, "up")]
+    assert len({r["pid"] for r in health["replicas"]}) == 2 and os.getpid() not in {r["pid"] for r in health["replicas"]}
+
+    async def go():  # two at once: the least loaded rule gives one to each replica
+        async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
+            return await asyncio.gather(*(client.chat.completions.create(
+                model="artisan-tiny", messages=[{"role": "user", "content": f"Tell me about the {fruit}."}],
+                max_tokens=48, extra_body={"ignore_eos": True}) for fruit in ("apple", "banana", "cherry", "plum")))
+
+    answers = asyncio.run(go())
+    assert all(a.usage.completion_tokens == 48 for a in answers)
+
+
+def test_a_seeded_request_is_token_exact_on_either_replica(srv):
+    raw, ids, lps = _seeded(srv, "artisan-tiny")
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=1234, ignore_eos=True)
+    for replica in _health(srv.url)["replicas"]:
+        assert _replica_answer(replica["name"], raw["prompt_token_ids"], params, None) == (ids, lps), replica["name"]
+
+
+def test_a_trained_step_is_on_every_replica_once_its_run_name_serves_it(srv):
+    async def train() -> None:
+        model = await TrainableModel("replicated").register(srv.url)
+        groups = _with_rewards(await _groups(model, 2, 3, seed=5), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
+        await model.train(groups, TrainConfig(learning_rate=5e-2), idempotency_key="replicated-1")
+
+    asyncio.run(train())
+    run = httpx.get(srv.url + "/v1/runs/replicated", timeout=30).json()
+    assert run["step"] == 1
+    raw, ids, lps = _seeded(srv, "replicated")
+    base_raw, base_ids, base_lps = _seeded(srv, "artisan-tiny")
+    assert lps != base_lps  # the run's name decodes with the trained adapter, not the base model
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=1234, ignore_eos=True)
+    for replica in _health(srv.url)["replicas"]:
+        assert STEP_1 in ray.get(ray.get_actor(replica["name"]).info.remote())["adapters"]
+        assert _replica_answer(replica["name"], raw["prompt_token_ids"], params, STEP_1) == (ids, lps)
+
+
+def test_a_replica_killed_mid_load_loses_no_retried_request_and_comes_back(srv):
+    before = {r["index"]: r for r in _health(srv.url)["replicas"]}
+    victim = before[0]
+
+    async def load() -> list:
+        # The SDK retries a 500 (here: the replica died under the request) after a short wait.
+        async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=4) as client:
+            async def one(i: int):
+                return await client.chat.completions.create(
+                    model="replicated", messages=[{"role": "user", "content": f"Count to {i} in fruit."}],
+                    max_tokens=64, extra_body={"ignore_eos": True})
+
+            tasks = [asyncio.create_task(one(i)) for i in range(16)]
+            while _health(srv.url)["replicas"][0]["in_flight"] == 0:
+                await asyncio.sleep(0.05)
+            os.kill(victim["pid"], signal.SIGKILL)
+            return await asyncio.gather(*tasks)
+
+    answers = asyncio.run(load())
+    assert len(answers) == 16 and all(a.usage.completion_tokens == 64 for a in answers)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        now = _health(srv.url)["replicas"][0]
+        if now["state"] == "up" and now["restarts"] == before[0]["restarts"] + 1:
+            break
+        time.sleep(0.5)
+    assert now["state"] == "up" and now["pid"] != victim["pid"], now
+    # Given every loaded adapter before it took requests again:
+    assert STEP_1 in ray.get(ray.get_actor(victim["name"]).info.remote())["adapters"]
+    raw, ids, lps = _seeded(srv, "replicated")
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=1234, ignore_eos=True)
+    assert _replica_answer(victim["name"], raw["prompt_token_ids"], params, STEP_1) == (ids, lps)
