@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -81,6 +82,19 @@ def test_a_seeded_request_is_token_exact_on_either_replica(srv):
         assert _replica_answer(replica["name"], raw["prompt_token_ids"], params, None) == (ids, lps), replica["name"]
 
 
+def test_a_streamed_answer_arrives_in_pieces_with_the_same_tokens(srv):
+    _, ids, lps = _seeded(srv, "artisan-tiny")
+    client = OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    stream = client.chat.completions.create(model="artisan-tiny", messages=[{"role": "user", "content": "What does a pear cost?"}],
+                                            max_tokens=12, temperature=1.0, seed=1234, logprobs=True, stream=True,
+                                            extra_body={"ignore_eos": True})
+    pieces = [c.choices[0].model_dump() for c in stream if c.choices]
+    with_tokens = [p for p in pieces if p.get("token_ids")]
+    assert len(with_tokens) >= 2  # streamed, not one answer at the end
+    assert [t for p in with_tokens for t in p["token_ids"]] == ids
+    assert [e["logprob"] for p in with_tokens for e in p["logprobs"]["content"]] == lps
+
+
 def test_a_trained_step_is_on_every_replica_once_its_run_name_serves_it(srv):
     async def train() -> None:
         model = await TrainableModel("replicated").register(srv.url)
@@ -119,6 +133,7 @@ def test_a_replica_killed_mid_load_loses_no_retried_request_and_comes_back(srv):
 
     answers = asyncio.run(load())
     assert len(answers) == 16 and all(a.usage.completion_tokens == 64 for a in answers)
+    assert f"replica {victim['name']} failed a request" in Path(srv.log_path).read_text()  # some were retried
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         now = _health(srv.url)["replicas"][0]

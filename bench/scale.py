@@ -1,0 +1,125 @@
+"""Scaling past one engine: serving tokens/s with 1 and with 2 engine replicas (`--replicas 2` on Ray).
+
+Serving: art-server on the embedded model, 32 concurrent clients sending the same seeded requests
+to each set-up, every engine on one torch thread. One replica (`--replicas 1`, the engine in the
+server's process) is measured twice: the server process free to run on any core (its engine thread
+uses one at a time; rendering and HTTP may use another), the baseline of the ratio; and the whole
+process pinned to one core (`replicas_1_pinned`: everything one core does). With two, each replica
+actor is pinned to a core of its own (every thread of its process, where the OS allows) and the
+server process, which renders and routes, runs where the OS puts it. The Ray cluster is this bench's own (a head node and a worker node on
+this machine), never one found running.
+
+    python bench/scale.py                    # every section
+    python bench/scale.py --section serving
+
+Sections are functions returning a dict; `training` (data-parallel training processes) joins by
+adding its function to SECTIONS. Prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from client.local_server import LocalServer  # noqa: E402
+
+CLIENTS = 32
+REQUESTS_PER_CLIENT = 2
+MAX_TOKENS = 64
+TOPICS = ("apple", "banana", "cherry", "plum", "pear", "grape", "melon", "lemon")
+
+
+async def _load(url: str, clients: int, per_client: int) -> float:
+    """Generated tokens per second; client c's request k is the same in every set-up (its prompt and seed)."""
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=1800) as client:
+        async def one(c: int, k: int) -> int:
+            r = await client.chat.completions.create(
+                model="bench", max_tokens=MAX_TOKENS, temperature=1.0, seed=c * 100 + k,
+                messages=[{"role": "user", "content": f"Client {c} asks about the {TOPICS[(c + k) % len(TOPICS)]}."}],
+                extra_body={"ignore_eos": True})
+            return r.usage.completion_tokens
+
+        async def one_client(c: int) -> int:
+            return sum([await one(c, k) for k in range(per_client)])
+
+        await asyncio.gather(*(one(c, 99) for c in range(4)))  # warm-up
+        started = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(one_client(c) for c in range(clients))))
+        return tokens / (time.perf_counter() - started)
+
+
+def _pin(pid: int, cores: set[int]) -> bool:
+    """Every thread of `pid` on `cores`; False where the OS does not allow it."""
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(tid), cores)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def _serve(work: Path, name: str, extra: list[str], pin: Callable[[LocalServer], bool]) -> dict[str, Any]:
+    server = LocalServer(work / name, extra=["--device", "cpu", "--served-model-name", "bench", *extra],
+                         env={"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}).start(timeout=600)
+    try:
+        pinned = pin(server)
+        return {"tokens_per_s": round(asyncio.run(_load(server.url, CLIENTS, REQUESTS_PER_CLIENT)), 1),
+                "pinned": pinned}
+    finally:
+        server.stop()
+
+
+def measure_serving() -> dict[str, Any]:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from ray.cluster_utils import Cluster
+
+    import httpx
+
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    cores = sorted(os.sched_getaffinity(0))
+    one = _serve(work, "one", ["--replicas", "1"], lambda s: True)
+    one_pinned = _serve(work, "one-pinned", ["--replicas", "1"], lambda s: _pin(s.proc.pid, {cores[0]}))
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+
+    def pin_replicas(s: LocalServer) -> bool:
+        replicas = httpx.get(s.url + "/health", timeout=30).json()["replicas"]
+        return all([_pin(r["pid"], {cores[i % len(cores)]}) for i, r in enumerate(replicas)])
+
+    try:
+        two = _serve(work, "two", ["--replicas", "2", "--ray-address", cluster.address], pin_replicas)
+    finally:
+        cluster.shutdown()
+    return {"clients": CLIENTS, "requests": CLIENTS * REQUESTS_PER_CLIENT, "max_tokens": MAX_TOKENS,
+            "cores": len(cores), "replicas_1_tokens_per_s": one["tokens_per_s"],
+            "replicas_1_pinned_tokens_per_s": one_pinned["tokens_per_s"],
+            "replicas_2_tokens_per_s": two["tokens_per_s"], "pinned": one_pinned["pinned"] and two["pinned"],
+            "replicas_2_vs_1": round(two["tokens_per_s"] / one["tokens_per_s"], 3),
+            "replicas_2_vs_1_pinned": round(two["tokens_per_s"] / one_pinned["tokens_per_s"], 3)}
+
+
+SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {"serving": measure_serving}
+
+
+def main(section: list[str] = typer.Option(None, help="Sections to run (default: all): " + ", ".join(SECTIONS))) -> None:
+    out: dict[str, Any] = {"load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    for name in section or list(SECTIONS):
+        out[name] = SECTIONS[name]()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    typer.run(main)
