@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -95,21 +96,40 @@ def test_a_streamed_answer_arrives_in_pieces_with_the_same_tokens(srv):
     assert [e["logprob"] for p in with_tokens for e in p["logprobs"]["content"]] == lps
 
 
-def test_a_trained_step_is_on_every_replica_once_its_run_name_serves_it(srv):
-    async def train() -> None:
-        model = await TrainableModel("replicated").register(srv.url)
-        groups = _with_rewards(await _groups(model, 2, 3, seed=5), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
-        await model.train(groups, TrainConfig(learning_rate=5e-2), idempotency_key="replicated-1")
+def _served(url: str) -> set[str]:
+    return {m["id"] for m in httpx.get(url + "/v1/models", timeout=30).json()["data"]}
 
-    asyncio.run(train())
-    run = httpx.get(srv.url + "/v1/runs/replicated", timeout=30).json()
-    assert run["step"] == 1
+
+def test_a_trained_step_is_served_under_its_run_name_only_once_every_replica_has_it(srv):
+    async def rollouts():
+        model = await TrainableModel("replicated").register(srv.url)
+        return model, _with_rewards(await _groups(model, 2, 3, seed=5), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
+
+    model, groups = asyncio.run(rollouts())
+    replicas = _health(srv.url)["replicas"]
+    frozen = replicas[1]
+    os.kill(frozen["pid"], signal.SIGSTOP)  # alive to Ray, but it loads nothing until it is let go
+    try:
+        done = threading.Event()
+        trainer = threading.Thread(target=lambda: (asyncio.run(model.train(
+            groups, TrainConfig(learning_rate=5e-2), idempotency_key="replicated-1")), done.set()))
+        trainer.start()
+        deadline = time.monotonic() + 180
+        while STEP_1 not in ray.get(ray.get_actor(replicas[0]["name"]).info.remote())["adapters"]:
+            assert time.monotonic() < deadline and trainer.is_alive(), "the step never reached replica 0"
+            time.sleep(0.2)
+        for _ in range(10):  # the step is trained and on replica 0: its name waits for replica 1
+            assert "replicated@1" not in _served(srv.url) and not done.is_set()
+            time.sleep(0.3)
+    finally:
+        os.kill(frozen["pid"], signal.SIGCONT)
+    trainer.join(timeout=180)
+    assert done.is_set() and "replicated@1" in _served(srv.url)
     raw, ids, lps = _seeded(srv, "replicated")
-    base_raw, base_ids, base_lps = _seeded(srv, "artisan-tiny")
+    _, _, base_lps = _seeded(srv, "artisan-tiny")
     assert lps != base_lps  # the run's name decodes with the trained adapter, not the base model
     params = SamplingParams(temperature=1.0, max_tokens=12, seed=1234, ignore_eos=True)
-    for replica in _health(srv.url)["replicas"]:
-        assert STEP_1 in ray.get(ray.get_actor(replica["name"]).info.remote())["adapters"]
+    for replica in replicas:  # and both replicas give its answer
         assert _replica_answer(replica["name"], raw["prompt_token_ids"], params, STEP_1) == (ids, lps)
 
 
