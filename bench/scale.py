@@ -7,7 +7,10 @@ uses one at a time; rendering and HTTP may use another), the baseline of the rat
 process pinned to one core (`replicas_1_pinned`: everything one core does). With two, each replica
 actor is pinned to a core of its own (every thread of its process, where the OS allows) and the
 server process, which renders and routes, runs where the OS puts it. The three are up at once and
-measured in turn, three rounds, the best of each kept. The Ray cluster is this bench's own (a head
+measured in turn, three rounds, the best of each kept. Beside them, one engine alone in this
+process on one thread, with 16 and with 32 requests at once: twice the first over the second is
+what two replicas could give at most on this model (`engine_bound_replicas_2_vs_1`), since each
+batches half the clients. The Ray cluster is this bench's own (a head
 node and a worker node on this machine), never one found running.
 
     python bench/scale.py                    # every section
@@ -89,6 +92,51 @@ def _measure(url: str, pids: dict[str, int]) -> tuple[float, dict[str, float]]:
     return round(per_s, 1), {k: round(v, 3) for k, v in cpu.items()}
 
 
+def _engine_alone(batches: tuple[int, ...], rounds: int) -> dict[int, float]:
+    """Tokens/s of one torch engine on one thread in this process with each of `batches` requests
+    at once, measured in turn, best round of each: what one replica could do with a core to itself
+    and nothing in front of it."""
+    import threading
+
+    import torch
+
+    from server.app import load_model
+    from server.engine.base import GenRequest
+    from server.engine.sampling import SamplingParams
+    from server.engine.scheduler import TorchEngine
+    from server.serving import Policy
+    from server.settings import Settings
+
+    torch.set_num_threads(1)
+    host = load_model(Settings(device="cpu"))
+    engine = TorchEngine(host)
+    engine.start()
+    base = Policy(host.name, None, None, 0)
+    prompt = host.chat.renderer.render([{"role": "user", "content": f"Client 0 asks about the {TOPICS[0]}."}]).ids
+
+    def once(rows: int) -> float:
+        done = threading.Semaphore(0)
+        reqs = [GenRequest(prompt_ids=prompt, params=SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, seed=i),
+                           policy=base, emit=lambda kind, _: done.release() if kind in ("finished", "error") else None)
+                for i in range(rows)]
+        started = time.perf_counter()
+        for r in reqs:
+            engine.submit(r)
+        for _ in reqs:
+            done.acquire()
+        return rows * MAX_TOKENS / (time.perf_counter() - started)
+
+    try:
+        once(4)
+        runs: dict[int, list[float]] = {rows: [] for rows in batches}
+        for _ in range(rounds):
+            for rows in batches:
+                runs[rows].append(once(rows))
+        return {rows: round(max(r), 1) for rows, r in runs.items()}
+    finally:
+        engine.stop()
+
+
 def _start(work: Path, name: str, extra: list[str]) -> LocalServer:
     return LocalServer(work / name, extra=["--device", "cpu", "--served-model-name", "bench", *extra],
                        env={"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}).start(timeout=600)
@@ -129,18 +177,25 @@ def measure_serving(rounds: int = ROUNDS) -> dict[str, Any]:
             server.stop()
         cluster.shutdown()
     best = {name: max(r) for name, r in runs.items()}
+    # Two replicas split the clients, so each batches half of them: the engine's own gain from that
+    # is the most two replicas can give, whatever the cores.
+    alone = _engine_alone((CLIENTS // 2, CLIENTS), rounds)
+    half, full = alone[CLIENTS // 2], alone[CLIENTS]
     return {"clients": CLIENTS, "requests": CLIENTS * REQUESTS_PER_CLIENT, "max_tokens": MAX_TOKENS,
             "cores": len(cores), "pinned": pinned, "rounds_tokens_per_s": runs,
             "cpu_s_per_1000_tokens_best_round": cpu,
             **{f"{name}_tokens_per_s": v for name, v in best.items()},
             "replicas_2_vs_1": round(best["replicas_2"] / best["replicas_1"], 3),
-            "replicas_2_vs_1_pinned": round(best["replicas_2"] / best["replicas_1_pinned"], 3)}
+            "replicas_2_vs_1_pinned": round(best["replicas_2"] / best["replicas_1_pinned"], 3),
+            f"engine_alone_rows_{CLIENTS // 2}_tokens_per_s": half, f"engine_alone_rows_{CLIENTS}_tokens_per_s": full,
+            "engine_bound_replicas_2_vs_1": round(2 * half / full, 3)}
 
 
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {"serving": measure_serving}
 
 
-def main(section: list[str] = typer.Option(None, help="Sections to run (default: all): " + ", ".join(SECTIONS))) -> None:
+def main(section: list[str] = typer.Option(None, help="Sections to run (default: all): " + ", ".join(SECTIONS))
+         ) -> None:
     out: dict[str, Any] = {"load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     for name in section or list(SECTIONS):
         out[name] = SECTIONS[name]()

@@ -58,6 +58,7 @@ class Replica:
     pid: int | None = None
     restarts: int = 0
     in_flight: int = 0  # sequences this server has on it
+    served: int = 0  # requests it finished
     running: int = 0
     waiting: int = 0
     memory: PrefixMemory = field(default_factory=PrefixMemory)
@@ -141,9 +142,9 @@ class ReplicatedEngine:
     @property
     def load(self) -> dict[str, Any]:
         return {"running": sum(r.running for r in self.replicas), "waiting": sum(r.waiting for r in self.replicas),
-                "replicas": [{"index": r.index, "name": r.name, "state": r.state, "pid": r.pid,
-                              "restarts": r.restarts, "in_flight": r.in_flight, "running": r.running,
-                              "waiting": r.waiting} for r in self.replicas]}
+                "replicas": [{"index": r.index, "name": r.name, "state": r.state, "pid": r.pid, "restarts": r.restarts,
+                              "in_flight": r.in_flight, "served": r.served, "running": r.running, "waiting": r.waiting}
+                             for r in self.replicas]}
 
     @property
     def alive(self) -> bool:
@@ -224,6 +225,7 @@ class ReplicatedEngine:
                 for ev in events:
                     finished += self._apply(req, ev)
             with self._lock:  # routing reads the memory from request threads
+                r.served += 1
                 for seq in req.sequences:
                     r.memory.add([*req.prompt_ids, *seq.token_ids])
         except StopAsyncIteration:

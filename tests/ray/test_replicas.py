@@ -64,9 +64,10 @@ def test_two_replicas_serve_and_health_shows_each(srv):
     health = _health(srv.url)
     assert health["status"] == "ok"
     assert [(r["index"], r["state"]) for r in health["replicas"]] == [(0, "up"), (1, "up")]
-    assert len({r["pid"] for r in health["replicas"]}) == 2 and os.getpid() not in {r["pid"] for r in health["replicas"]}
+    pids = {r["pid"] for r in health["replicas"]}
+    assert len(pids) == 2 and os.getpid() not in pids
 
-    async def go():  # two at once: the least loaded rule gives one to each replica
+    async def go():  # at once, on a fresh server: the least loaded rule spreads them
         async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
             return await asyncio.gather(*(client.chat.completions.create(
                 model="artisan-tiny", messages=[{"role": "user", "content": f"Tell me about the {fruit}."}],
@@ -74,6 +75,7 @@ def test_two_replicas_serve_and_health_shows_each(srv):
 
     answers = asyncio.run(go())
     assert all(a.usage.completion_tokens == 48 for a in answers)
+    assert [r["served"] for r in _health(srv.url)["replicas"]] == [2, 2]
 
 
 def test_a_seeded_request_is_token_exact_on_either_replica(srv):
@@ -86,7 +88,8 @@ def test_a_seeded_request_is_token_exact_on_either_replica(srv):
 def test_a_streamed_answer_arrives_in_pieces_with_the_same_tokens(srv):
     _, ids, lps = _seeded(srv, "artisan-tiny")
     client = OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-    stream = client.chat.completions.create(model="artisan-tiny", messages=[{"role": "user", "content": "What does a pear cost?"}],
+    stream = client.chat.completions.create(model="artisan-tiny",
+                                            messages=[{"role": "user", "content": "What does a pear cost?"}],
                                             max_tokens=12, temperature=1.0, seed=1234, logprobs=True, stream=True,
                                             extra_body={"ignore_eos": True})
     pieces = [c.choices[0].model_dump() for c in stream if c.choices]
