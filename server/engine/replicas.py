@@ -223,11 +223,7 @@ class ReplicatedEngine:
                         cancel_sent = True
                 events: list[SeqEvent] = await nxt.result()
                 for ev in events:
-                    finished += self._apply(req, ev)
-            with self._lock:  # routing reads the memory from request threads
-                r.served += 1
-                for seq in req.sequences:
-                    r.memory.add([*req.prompt_ids, *seq.token_ids])
+                    finished += self._apply(r, req, ev, last=finished == req.n - 1)
         except StopAsyncIteration:
             req.emit("error", EngineError(f"replica {r.name} ended the request before it finished"))
         except EngineError as exc:
@@ -241,9 +237,10 @@ class ReplicatedEngine:
             with self._lock:
                 r.in_flight -= req.n
 
-    @staticmethod
-    def _apply(req: GenRequest, ev: SeqEvent) -> int:
-        """Mirror one event on the request's own sequences; 1 when a sequence finished."""
+    def _apply(self, r: Replica, req: GenRequest, ev: SeqEvent, last: bool) -> int:
+        """Mirror one event on the request's own sequences; 1 when a sequence finished. A finished
+        sequence is remembered before the caller hears of it: its conversation's next turn may
+        follow at once, and must find its replica."""
         if ev.kind == "full":
             raise EngineError(f"engine replica is at capacity ({ev.message}); retry shortly")
         if ev.kind == "error":
@@ -254,6 +251,9 @@ class ReplicatedEngine:
         seq.top_logprobs.extend(ev.top_logprobs)
         if ev.kind == "finished":
             seq.finish_reason, seq.stop_text_end = ev.finish_reason, ev.stop_text_end
+            with self._lock:  # routing reads the memory from request threads
+                r.memory.add([*req.prompt_ids, *seq.token_ids])
+                r.served += last
             req.emit("finished", seq)
             return 1
         if ev.token_ids and req.stream:

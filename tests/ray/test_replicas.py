@@ -103,6 +103,28 @@ def _served(url: str) -> set[str]:
     return {m["id"] for m in httpx.get(url + "/v1/models", timeout=30).json()["data"]}
 
 
+def test_a_conversation_s_next_turn_goes_to_the_replica_that_served_its_last(srv):
+    client = OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    busy = threading.Thread(target=lambda: client.chat.completions.create(
+        model="artisan-tiny", messages=[{"role": "user", "content": "Keep replica 0 busy."}], max_tokens=400,
+        extra_body={"ignore_eos": True}))
+    busy.start()
+    while _health(srv.url)["replicas"][0]["in_flight"] == 0:
+        time.sleep(0.02)
+    messages = [{"role": "user", "content": "Tell me about the pear and the plum, please, in detail."}]
+    before = [r["served"] for r in _health(srv.url)["replicas"]]
+    first = client.chat.completions.create(model="artisan-tiny", messages=messages, max_tokens=40)
+    after_first = [r["served"] for r in _health(srv.url)["replicas"]]
+    assert after_first[1] == before[1] + 1  # the least loaded took the first turn
+    busy.join()
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And the cherry?"}]
+    client.chat.completions.create(model="artisan-tiny", messages=messages, max_tokens=8)
+    after_second = [r["served"] for r in _health(srv.url)["replicas"]]
+    # Both idle now, so the least loaded rule alone would pick replica 0: the prefix kept it on 1.
+    assert after_second[1] == after_first[1] + 1
+
+
 def test_a_trained_step_is_served_under_its_run_name_only_once_every_replica_has_it(srv):
     async def rollouts():
         model = await TrainableModel("replicated").register(srv.url)
