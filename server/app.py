@@ -21,7 +21,7 @@ from server.model_source import resolve, served_name
 from server.response_store import ResponseStore
 from server.serving import ServedModels
 from server.sessions import Sessions
-from server.settings import Settings
+from server.settings import REPLICAS_ARE_TORCH, Settings
 from server.store import Store
 from server.training.jobs import JobManager
 from server.training.runs import RunManager
@@ -56,7 +56,7 @@ def _warn_unrendered_tools(host: ModelHost, settings: Settings) -> None:
 
 def make_engine(settings: Settings, host: ModelHost) -> Any:
     if settings.engine == "vllm" and settings.replicas > 1:
-        raise SystemExit("--replicas runs torch engines on Ray; with --engine vllm, leave --replicas at 1")
+        raise SystemExit(REPLICAS_ARE_TORCH)
     if settings.engine == "vllm":
         from server.engine.vllm import VllmEngine
 
