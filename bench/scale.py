@@ -142,7 +142,7 @@ def _start(work: Path, name: str, extra: list[str]) -> LocalServer:
                        env={"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}).start(timeout=600)
 
 
-def measure_serving(rounds: int = ROUNDS) -> dict[str, Any]:
+def measure_serving(rounds: int = ROUNDS, pin: bool = True) -> dict[str, Any]:
     """The three set-ups are up at once and measured in turn, `rounds` times; the best round of
     each counts, so a burst of another user's load on this shared machine skews no set-up alone."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -162,7 +162,7 @@ def measure_serving(rounds: int = ROUNDS) -> dict[str, Any]:
         pinned = _pin(servers["replicas_1_pinned"].proc.pid, {cores[0]})
         pids = {name: {"server": server.proc.pid} for name, server in servers.items()}
         for i, r in enumerate(httpx.get(servers["replicas_2"].url + "/health", timeout=30).json()["replicas"]):
-            pinned = _pin(r["pid"], {cores[i % len(cores)]}) and pinned
+            pinned = pin and _pin(r["pid"], {cores[i % len(cores)]}) and pinned
             pids["replicas_2"][f"replica_{i}"] = r["pid"]
         runs: dict[str, list[float]] = {name: [] for name in servers}
         cpu: dict[str, dict[str, float]] = {}
@@ -191,14 +191,15 @@ def measure_serving(rounds: int = ROUNDS) -> dict[str, Any]:
             "engine_bound_replicas_2_vs_1": round(2 * half / full, 3)}
 
 
-SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {"serving": measure_serving}
+SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {"serving": measure_serving}
 
 
-def main(section: list[str] = typer.Option(None, help="Sections to run (default: all): " + ", ".join(SECTIONS))
-         ) -> None:
+def main(section: list[str] = typer.Option(None, help="Sections to run (default: all): " + ", ".join(SECTIONS)),
+         pin: bool = typer.Option(True, help="Pin each replica to a core of its own (--no-pin: where the OS puts "
+                                             "them, to see what pinning costs).")) -> None:
     out: dict[str, Any] = {"load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     for name in section or list(SECTIONS):
-        out[name] = SECTIONS[name]()
+        out[name] = measure_serving(pin=pin) if name == "serving" else SECTIONS[name]()
     print(json.dumps(out))
 
 
