@@ -22,7 +22,7 @@ from server.ownership import Owners
 from server.response_store import ResponseStore
 from server.serving import ServedModels
 from server.sessions import Sessions
-from server.settings import Settings
+from server.settings import REPLICAS_ARE_TORCH, Settings
 from server.store import Store
 from server.training.jobs import JobManager
 from server.training.runs import RunManager
@@ -56,10 +56,16 @@ def _warn_unrendered_tools(host: ModelHost, settings: Settings) -> None:
 
 
 def make_engine(settings: Settings, host: ModelHost) -> Any:
+    if settings.engine == "vllm" and settings.replicas > 1:
+        raise SystemExit(REPLICAS_ARE_TORCH)
     if settings.engine == "vllm":
         from server.engine.vllm import VllmEngine
 
         return VllmEngine(host, settings)
+    if settings.replicas > 1:
+        from server.engine.replicas import ReplicatedEngine
+
+        return ReplicatedEngine(host, settings)
     from server.engine.scheduler import TorchEngine
 
     return TorchEngine(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting)

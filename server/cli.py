@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from server.settings import DEFAULT_CACHE, DEFAULT_MODEL_DIR, Settings, check_bind
+from server.settings import DEFAULT_CACHE, DEFAULT_MODEL_DIR, REPLICAS_ARE_TORCH, Settings, check_bind
 
 # torch's OpenMP threads spin while they wait for work; beside another busy process (a client,
 # a test, a second server) that spinning starves everyone and decoding slows ~50x on 2 cores.
@@ -96,6 +96,8 @@ def serve(
 ) -> None:
     template_kwargs = _check_options(chat_template, chat_template_kwargs, tool_call_parser, reasoning_parser, engine,
                                      dtype, log_level)
+    if replicas > 1 and engine == "vllm":
+        raise SystemExit(REPLICAS_ARE_TORCH)
     from server.model_source import check as check_model
 
     check_model(model)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "embedded" / "model"
+REPLICAS_ARE_TORCH = "--replicas runs torch engines on Ray; with --engine vllm, leave --replicas at 1"
 DEFAULT_CACHE = Path(os.environ.get("ARTISAN_CACHE", Path.home() / ".cache" / "artisan"))
 
 

@@ -25,6 +25,7 @@ MISTAKES = {
     "model_gguf_path": (["--model", "/nowhere/model.gguf"], ["--model /nowhere/model.gguf"]),
     "template_kwargs": (["--chat-template-kwargs", "[1]"], ["--chat-template-kwargs", "JSON object"]),
     "port": (["--port", "abc"], ["--port"]),
+    "replicas_vllm": (["--replicas", "2", "--engine", "vllm"], ["--replicas runs torch engines", "--engine vllm"]),
 }
 
 
