@@ -1,4 +1,6 @@
-"""Scaling past one engine: serving tokens/s with 1 and with 2 engine replicas (`--replicas 2` on Ray).
+"""Scaling past one process: serving tokens/s with 1 and with 2 engine replicas (`--replicas 2` on Ray),
+and training tokens/s with 1 and with 2 data-parallel processes (`--train-processes 2`,
+bench/scale_training.py).
 
 Serving: art-server on the embedded model, 32 concurrent clients sending the same seeded requests
 to each set-up, every engine on one torch thread. One replica (`--replicas 1`, the engine in the
@@ -16,8 +18,7 @@ node and a worker node on this machine), never one found running.
     python bench/scale.py                    # every section
     python bench/scale.py --section serving
 
-Sections are functions returning a dict; `training` (data-parallel training processes) joins by
-adding its function to SECTIONS. Prints one JSON line last.
+Sections are functions returning a dict. Prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.scale_training import measure_training  # noqa: E402
 from client.local_server import LocalServer  # noqa: E402
 
 CLIENTS = 32
@@ -191,7 +193,7 @@ def measure_serving(rounds: int = ROUNDS, pin: bool = True) -> dict[str, Any]:
             "engine_bound_replicas_2_vs_1": round(2 * half / full, 3)}
 
 
-SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {"serving": measure_serving}
+SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {"serving": measure_serving, "training": measure_training}
 
 
 def main(section: list[str] = typer.Option(None, help="Sections to run (default: all): " + ", ".join(SECTIONS)),

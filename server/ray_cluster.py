@@ -27,8 +27,10 @@ def connect(address: str | None) -> Any:
     with _lock:
         if not ray.is_initialized():
             try:
-                # A namespace of its own: the actors' names never meet another application's.
-                ray.init(address=address, namespace="artisan", log_to_driver=False)
+                # A namespace of its own: the actors' names never meet another application's. Without
+                # an address, "local" starts a Ray of our own: Ray would otherwise join the newest
+                # cluster `ray start` recorded on this machine, whoever started it.
+                ray.init(address=address or "local", namespace="artisan", log_to_driver=False)
             except ConnectionError as exc:
                 raise RayUnavailable(f"--ray-address {address}: cannot reach the Ray cluster ({exc})") from None
     return ray
