@@ -102,7 +102,7 @@ def _engine_alone(batches: tuple[int, ...], rounds: int) -> dict[int, float]:
 
     import torch
 
-    from server.app import load_model
+    from server.model_host import load_model
     from server.engine.base import GenRequest
     from server.engine.sampling import SamplingParams
     from server.engine.scheduler import TorchEngine

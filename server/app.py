@@ -16,8 +16,7 @@ from server.api import (errors, exporter_routes, generate_routes, jsonl_routes, 
                         openai_routes, responses_routes, session_routes, training_routes, ui_routes)
 from server.api.deps import ServerState
 from server.data_lock import lock_data_dir
-from server.model_host import ChatOptions, ModelHost
-from server.model_source import resolve, served_name
+from server.model_host import ModelHost, load_model
 from server.ownership import Owners
 from server.response_store import ResponseStore
 from server.serving import ServedModels
@@ -28,31 +27,6 @@ from server.training.jobs import JobManager
 from server.training.runs import RunManager
 
 log = logging.getLogger("artisan")
-
-
-def load_model(settings: Settings) -> ModelHost:
-    model_dir = resolve(settings.model, settings.cache_dir / "models")
-    template = settings.chat_template.read_text() if settings.chat_template else None
-    chat = ChatOptions(template, settings.tool_call_parser, settings.reasoning_parser, settings.chat_template_kwargs)
-    names = settings.served_model_name
-    host = ModelHost(model_dir, device=settings.device, dtype=settings.dtype,
-                     name=names[0] if names else served_name(settings.model), chat=chat,
-                     aliases=(settings.model, *names))
-    if settings.gradient_checkpointing:
-        host.enable_gradient_checkpointing()
-    _warn_unrendered_tools(host, settings)
-    return host
-
-
-def _warn_unrendered_tools(host: ModelHost, settings: Settings) -> None:
-    if host.chat.template.renders_tools:
-        return
-    if settings.allow_unrendered_tools:
-        log.warning("%s's chat template does not render tools; --allow-unrendered-tools: requests with tools are "
-                    "served and the model never sees them", host.name)
-    else:
-        log.warning("%s's chat template does not render tools: requests with tools get a 400; pass --chat-template "
-                    "FILE (a template that renders tools), or --allow-unrendered-tools", host.name)
 
 
 def make_engine(settings: Settings, host: ModelHost) -> Any:

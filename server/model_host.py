@@ -23,6 +23,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from server.chat.format import ChatFormat
+from server.model_source import resolve, served_name
+from server.settings import Settings
 
 log = logging.getLogger("artisan.model")
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -220,3 +222,28 @@ def _model_name(model_dir: Path) -> str:
     if meta.exists():
         return json.loads(meta.read_text()).get("name", model_dir.name)
     return re.sub(r"[^A-Za-z0-9._-]", "-", model_dir.name)
+
+
+def load_model(settings: Settings) -> ModelHost:
+    model_dir = resolve(settings.model, settings.cache_dir / "models")
+    template = settings.chat_template.read_text() if settings.chat_template else None
+    chat = ChatOptions(template, settings.tool_call_parser, settings.reasoning_parser, settings.chat_template_kwargs)
+    names = settings.served_model_name
+    host = ModelHost(model_dir, device=settings.device, dtype=settings.dtype,
+                     name=names[0] if names else served_name(settings.model), chat=chat,
+                     aliases=(settings.model, *names))
+    if settings.gradient_checkpointing:
+        host.enable_gradient_checkpointing()
+    _warn_unrendered_tools(host, settings)
+    return host
+
+
+def _warn_unrendered_tools(host: ModelHost, settings: Settings) -> None:
+    if host.chat.template.renders_tools:
+        return
+    if settings.allow_unrendered_tools:
+        log.warning("%s's chat template does not render tools; --allow-unrendered-tools: requests with tools are "
+                    "served and the model never sees them", host.name)
+    else:
+        log.warning("%s's chat template does not render tools: requests with tools get a 400; pass --chat-template "
+                    "FILE (a template that renders tools), or --allow-unrendered-tools", host.name)

@@ -5,14 +5,15 @@ that a step's token loss travels to a training process."""
 import pickle
 import subprocess
 import sys
+from typing import get_args
 
 import pytest
 import torch
 
-from protocol.config import TrainConfig
+from protocol.config import LossName, TrainConfig
 from server.training.batching import Microbatch, deal, make_microbatch
 from server.training.assemble import TrainSequence
-from server.training.optimize import RL_LOSSES, OptimizeStats, rl_loss, sft_loss
+from server.training.optimize import OptimizeStats, rl_loss, sft_loss
 from tests.conftest import ROOT
 
 
@@ -63,7 +64,7 @@ def test_merged_figures_of_one_rank_are_its_own():
     assert OptimizeStats.merged([a]) == a
 
 
-@pytest.mark.parametrize("loss", RL_LOSSES)
+@pytest.mark.parametrize("loss", get_args(LossName))
 def test_token_losses_pickle_and_compute_the_same(loss):
     seq = TrainSequence(ids=[1, 2, 3, 4], mask=[False, True, True, True], old_logprobs=[0.0, -1.0, -2.0, -0.5],
                         temperatures=[1.0] * 4, advantage=0.5, weight=1.2)

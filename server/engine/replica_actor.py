@@ -40,7 +40,7 @@ class ReplicaActor:
     def __init__(self, settings: Settings):
         import torch
 
-        from server.app import load_model
+        from server.model_host import load_model
         from server.engine.scheduler import TorchEngine
 
         torch.set_num_threads(1)  # one core per replica: more threads would contend with the other replicas

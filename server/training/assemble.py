@@ -212,7 +212,8 @@ def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = 
         if s is None or prompt is None:
             stats.unsampled_choices += 1
             continue
-        messages[idx] = {**messages[idx], "token_ids": s.ids}
+        if s.recovered:  # the others' ids went in before the loop
+            messages[idx] = {**messages[idx], "token_ids": s.ids}
         stats.recovered_choices += s.recovered
         if prompt.whole is None:
             rewritten |= {i for i, ok in prompt.spliced.items() if not ok}

@@ -10,11 +10,11 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, get_args
 
 import torch
 
-from protocol.config import SFTConfig, TrainConfig
+from protocol.config import LossName, SFTConfig, TrainConfig
 from server.training import losses
 from server.training.assemble import Cancelled, TrainSequence
 from server.training.batching import Microbatch, deal, make_microbatch, plan
@@ -50,13 +50,10 @@ class OptimPlan:
                    cfg.max_grad_norm)
 
 
-RL_LOSSES = ("ppo", "cispo", "importance_sampling", "awr", "apo")
-
-
 def rl_loss(cfg: TrainConfig) -> TokenLoss:
     """The submission's token loss; a partial of a module function, so that it pickles to the
     data-parallel training processes (server/training/data_parallel.py)."""
-    if cfg.loss not in RL_LOSSES:
+    if cfg.loss not in get_args(LossName):
         raise ValueError(f"unknown loss {cfg.loss!r}")
     return functools.partial(_rl_token_loss, cfg)
 
