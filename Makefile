@@ -29,9 +29,14 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(PY) -m examples.demo.run_demo --port $(PORT) --out out/demo
 
-# --durations: CI's log names the slowest tests, for whoever keeps CI under its hour.
+# Two pytest workers, a test file each at a time (its module's server stays in one worker): many
+# tests wait on servers, restarts and timeouts, so two overlap well on two cores. The test models are
+# converted first, once, so that no two workers convert one at the same time. --durations: CI's log
+# names the slowest tests, for whoever keeps CI under its hour.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -ra --durations=15
+	$(PY) -m tests.real_models
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # A real model learns: SmolLM2-135M-Instruct's held-out accuracy on a reasoning-gym task must rise
 # under GRPO through art-server (tests/learning; a few minutes on 2 cores).
@@ -155,8 +160,8 @@ $(TAU2_STAMP): pyproject.toml Makefile
 	! $(TAU2_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(TAU2_STAMP)
 
-# tests/tau2_env: SmolLM2 as agent and user on two tasks of each domain, then a step; every agent turn
-# prefills 5-8k tokens, so on 2 CPU cores it took 24 minutes (under other load; not in .ci/run).
+# tests/tau2_env: SmolLM2 as agent and user on two tasks of each domain, then a step (about 5 minutes
+# on 2 idle cores: each domain's 4-5k-token policy is prefilled once, then reused).
 test-tau2: install $(TAU2_STAMP)
 	$(TAU2_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/tau2_env
 

@@ -3,20 +3,22 @@
 The demo task on the embedded model, its environment slowed as agents' environments are: every
 tool call takes 0.2-2 s (log-uniform), and scoring takes 0.2-0.5 s, except one episode in eight
 whose scoring takes 4-8 s (a slow verifier, judge or sandbox): the long tail a synchronous step
-waits for. For each seed, one run per bound S (0 = synchronous, then 1, 2, 4) trains the same
-number of steps through `client.train`'s loop (the library API: `train_loop` with
-`max_steps_off_policy`), one run after another on one art-server. The wall time at which each
-step landed is recorded during the run; afterwards, outside the timed region, every
-`--eval-every`-th checkpoint and the last are evaluated on 64 held-out tasks without the latency
-(the reward is the same).
+waits for. For each seed, one run per bound S (0 = synchronous, then 1, 2, 4) trains through
+`client.train`'s loop (the library API: `train_loop` with `max_steps_off_policy`), one run after
+another on one art-server: the synchronous run `--steps` steps, each S > 0 run up to
+`--async-steps-factor` times as many (staler steps may each teach less; time to reward is what
+counts). The wall time at which each step landed is recorded during the run; afterwards, outside
+the timed region, every `--eval-every`-th checkpoint and the last are evaluated on 64 held-out
+tasks without the latency (the reward is the same).
 
 Time to reward: from a run's start (after its opening evaluation) to the landing of the first
 evaluated step whose held-out reward reaches the synchronous run's final one, less one standard
 error of a 64-task mean (so that evaluation noise does not decide it); each S's time is divided by
-the synchronous run's own, seed by seed.
+the synchronous run's own, seed by seed. Each run's reward at the synchronous run's wall time (its
+newest evaluated step landed by then) is its final reward on the same time budget.
 
-    python bench/async.py                          # 3 seeds, 12 steps of 16 groups x 8
-    python bench/async.py --seeds 1 --steps 6      # a reduced run
+    python bench/async.py                          # 3 seeds, 8 steps of 8 groups x 8
+    python bench/async.py --seeds 1 --bounds 0,2   # a reduced run
 
 Prints one JSON line last.
 """
@@ -75,7 +77,8 @@ class SlowShopExample(ShopExample):
 
 async def train_one(url: str, bound: int, seed: int, args: dict[str, Any], out: Path) -> dict[str, Any]:
     name = f"async-s{bound}-seed{seed}"
-    cfg = LoopConfig(server=url, run=name, steps=args["steps"], groups_per_step=args["groups"],
+    steps = args["steps"] if bound == 0 else math.ceil(args["steps"] * args["async_steps_factor"])
+    cfg = LoopConfig(server=url, run=name, steps=steps, groups_per_step=args["groups"],
                      group_size=args["group_size"], eval_every=0, eval_tasks=8, seed=seed, out=out / name,
                      progress=False, max_steps_off_policy=bound, train=TrainConfig(learning_rate=args["lr"]))
     summary = await train_loop(cfg, example=SlowShopExample(seed))
@@ -104,9 +107,16 @@ def seconds_to(run: dict[str, Any], target: float) -> float | None:
     return run["landed"][min(reached)] if reached else None
 
 
-def main(seeds: int = 3, steps: int = 12, groups: int = 16, group_size: int = 8, lr: float = 2e-3,
-         bounds: str = "0,1,2,4", eval_every: int = 2) -> None:
-    args = {"steps": steps, "groups": groups, "group_size": group_size, "lr": lr}
+def reward_by(run: dict[str, Any], seconds: float) -> float | None:
+    """The held-out reward of the newest evaluated step that had landed `seconds` into the run."""
+    landed = [s for s in run["held_out"] if run["landed"][s] <= seconds + 1e-6]
+    return run["held_out"][max(landed)] if landed else None
+
+
+def main(seeds: int = 3, steps: int = 8, groups: int = 8, group_size: int = 8, lr: float = 2e-3,
+         bounds: str = "0,1,2,4", eval_every: int = 1, async_steps_factor: float = 2.0) -> None:
+    args = {"steps": steps, "groups": groups, "group_size": group_size, "lr": lr,
+            "async_steps_factor": async_steps_factor}
     bound_list = [int(b) for b in bounds.split(",")]
     if bound_list[0] != 0:
         raise typer.BadParameter("--bounds must start with 0: the synchronous run is the baseline")
@@ -129,6 +139,7 @@ def main(seeds: int = 3, steps: int = 12, groups: int = 16, group_size: int = 8,
         base = seconds_to(sync, target)
         for run in (r for r in runs if r["seed"] == seed):
             run["target_reward"] = target
+            run["reward_at_sync_seconds"] = reward_by(run, sync["train_seconds"])
             run["seconds_to_target"] = seconds_to(run, target)
             run["ratio_to_sync"] = (run["seconds_to_target"] / base
                                     if run["seconds_to_target"] is not None and base else None)
@@ -142,6 +153,7 @@ def main(seeds: int = 3, steps: int = 12, groups: int = 16, group_size: int = 8,
             "reached_target": f"{len(ratios)}/{len(mine)}",
             "final_reward_mean": statistics.fmean(r["final_reward"] for r in mine),
             "final_rewards": [r["final_reward"] for r in mine],
+            "rewards_at_sync_seconds": [r["reward_at_sync_seconds"] for r in mine],
             "train_seconds_mean": statistics.fmean(r["train_seconds"] for r in mine),
             "staleness_mean": statistics.fmean([r["staleness_mean"] for r in mine if r["staleness_mean"] is not None]
                                                or [0.0]),

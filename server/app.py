@@ -42,7 +42,8 @@ def make_engine(settings: Settings, host: ModelHost) -> Any:
         return ReplicatedEngine(host, settings)
     from server.engine.scheduler import TorchEngine
 
-    return TorchEngine(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting)
+    return TorchEngine(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting,
+                       prefix_cache_mb=settings.prefix_cache_mb)
 
 
 def make_optimizer(settings: Settings, host: ModelHost) -> Any:

@@ -72,6 +72,8 @@ def serve(
                                                                     "--train-processes (default: a local one)."),
     max_batch: int = typer.Option(64, help="Sequences decoded together."),
     max_waiting: int = typer.Option(512, help="Sequences queued before requests get 503."),
+    prefix_cache_mb: int = typer.Option(1024, min=0, help="MiB of recent long prompts' K/V (the torch engine) that "
+                                        "a prompt opening the same way reuses instead of prefilling again (0: off)."),
     max_request_bytes: int = typer.Option(64 * 1024 * 1024, help="Larger request bodies get 413."),
     job_time_limit: float = typer.Option(6 * 3600.0, help="Seconds a training job may run before it is stopped."),
     max_job_optimizer_steps: int = typer.Option(1024, min=1, help="Optimizer steps (epochs x minibatches) one training "
@@ -112,6 +114,7 @@ def serve(
                         vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, vllm_max_lora_rank=vllm_max_lora_rank,
                         vllm_max_loras=vllm_max_loras, replicas=replicas, train_processes=train_processes,
                         ray_address=ray_address, max_batch=max_batch, max_waiting=max_waiting,
+                        prefix_cache_mb=prefix_cache_mb,
                         max_request_bytes=max_request_bytes, job_time_limit=job_time_limit,
                         max_job_optimizer_steps=max_job_optimizer_steps, adapter_memory_mb=adapter_memory_mb,
                         memory_reserve_mb=memory_reserve_mb, session_ttl=session_ttl, session_max_exchanges=session_max_exchanges,

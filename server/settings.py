@@ -55,6 +55,7 @@ class Settings(BaseModel):
     ray_address: str | None = None
     max_batch: int = 64
     max_waiting: int = 512
+    prefix_cache_mb: int = 1024
     max_request_bytes: int = 64 * 1024 * 1024
     # Sessions recorded by the server (server/sessions.py) and responses kept for previous_response_id:
     # dropped after this many seconds unused; a session holds at most so many exchanges and tokens.

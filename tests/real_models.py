@@ -36,3 +36,7 @@ def converted(gguf: Path) -> Path:
     from server.model_source import from_gguf
 
     return from_gguf(gguf, CACHE / "models")
+
+
+if __name__ == "__main__":  # `make test` converts both before its workers start, so no two convert at once
+    print(converted(smollm2_gguf()), converted(gemma3_gguf()), sep="\n")

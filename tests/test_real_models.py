@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 
+import httpx
 import openai
 import pytest
 import torch
@@ -198,6 +199,25 @@ def test_logprobs_are_a_full_forward_pass(served):
             want = _reference(served.model, extra(resp, "prompt_token_ids"), ids, temperature)
             got = torch.tensor([e.logprob for e in choice.logprobs.content])
             assert (got - want).abs().max().item() <= 1e-4
+
+
+def test_a_turn_after_a_long_prompt_reuses_its_prefix_and_samples_as_a_full_prefill_would(served):
+    """The next turn of a conversation prefills only its new tokens (the engine's prefix cache)."""
+    client = served.client
+    messages = [{"role": "user", "content": LONG + " Which item is the cheapest?"}]
+    first = client.chat.completions.create(model=served.name, messages=messages, max_tokens=6, seed=1)
+    before = httpx.get(served.server.url + "/health").json()["prefix_cache"]
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "user", "content": "And which is the dearest?"}]
+    second = client.chat.completions.create(model=served.name, messages=messages, max_tokens=10, seed=2)
+    after = httpx.get(served.server.url + "/health").json()["prefix_cache"]
+    prompt = extra(second, "prompt_token_ids")
+    assert after["hits"] == before["hits"] + 1
+    assert after["tokens_reused"] - before["tokens_reused"] >= len(extra(first, "prompt_token_ids")) > 600
+    ids = extra(second.choices[0], "token_ids")
+    want = _reference(served.model, prompt, ids, 1.0)
+    got = torch.tensor([e.logprob for e in second.choices[0].logprobs.content])
+    assert (got - want).abs().max().item() <= 1e-4
 
 
 def test_one_rl_step_trains_on_policy(served):

@@ -54,6 +54,14 @@ class BatchKV:
             [0] * rows,
         )
 
+    def write_prefix(self, keys: list[torch.Tensor], values: list[torch.Tensor], length: int) -> None:
+        """Start every row (of an empty batch) with the same first `length` tokens' K/V, per layer
+        [heads, >= length, head_dim]."""
+        for kbuf, vbuf, k, v in zip(self.kbufs, self.vbufs, keys, values):
+            kbuf[:, :, :length] = k[:, :length]
+            vbuf[:, :, :length] = v[:, :length]
+        self.width, self.lengths = length, [length] * self.rows
+
     @property
     def rows(self) -> int:
         return len(self.lengths)

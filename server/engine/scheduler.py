@@ -1,7 +1,8 @@
 """The torch engine: one background thread decodes every running sequence together.
 
 Each loop iteration admits waiting sequences (prefilled in groups of equal prompt length, so no
-padding is computed), then runs one decode step for all rows, then retires the finished ones.
+padding is computed; a long prompt first takes what it can from the prefix cache, then prefills
+the rest), then runs one decode step for all rows, then retires the finished ones.
 New requests therefore join at the next step boundary instead of waiting for a batch to drain,
 and 32 concurrent rollouts cost about one batched generate. One request never holds more than
 half the rows, so a large `n` cannot shut everyone else out.
@@ -19,6 +20,7 @@ import torch
 from server.engine.base import EngineError, EngineFull, GenRequest, DecodeSequence, record_token
 from server.engine.constraints import ConstraintState
 from server.engine.kv_cache import BatchKV
+from server.engine.prefix_cache import Hit, PrefixCache
 from server.engine.sampling import sample
 from server.model_host import ModelHost
 
@@ -28,8 +30,9 @@ log = logging.getLogger("artisan.engine")
 class TorchEngine:
     max_lora_rank = None
 
-    def __init__(self, host: ModelHost, max_batch: int = 64, max_waiting: int = 512):
+    def __init__(self, host: ModelHost, max_batch: int = 64, max_waiting: int = 512, prefix_cache_mb: int = 1024):
         self.host = host
+        self.prefix = PrefixCache(prefix_cache_mb * 2**20)
         self.max_batch = max_batch
         self.max_waiting = max_waiting
         self.rows_per_request = max(1, max_batch // 2)
@@ -70,16 +73,18 @@ class TorchEngine:
 
     def load_adapter(self, name: str, lora_config: Any, state: dict[str, Any]) -> None:
         with self.host.lock:
+            self.prefix.drop(name)
             self.host.delete_adapter(name)
             self.host.add_adapter(name, lora_config, state)
 
     def unload_adapter(self, name: str) -> None:
         with self.host.lock:
+            self.prefix.drop(name)
             self.host.delete_adapter(name)
 
     @property
-    def load(self) -> dict[str, int]:
-        return {"running": len(self._rows), "waiting": len(self._waiting)}
+    def load(self) -> dict[str, Any]:
+        return {"running": len(self._rows), "waiting": len(self._waiting), "prefix_cache": self.prefix.figures}
 
     @property
     def alive(self) -> bool:
@@ -135,27 +140,58 @@ class TorchEngine:
 
     def _prefill(self, seqs: list[DecodeSequence]) -> None:
         by_length: dict[int, list[DecodeSequence]] = {}
+        distinct: list[DecodeSequence] = []
         for s in seqs:
-            by_length.setdefault(len(s.request.prompt_ids), []).append(s)
-        for length, group in by_length.items():
-            ids = torch.tensor([s.request.prompt_ids for s in group], device=self.host.device)
-            kv = BatchKV.empty(self._layers, len(group), self._kv_heads, self._head_dim, length + 64,
-                               self.host.dtype, self.host.device)
-            out = self.host.forward(
-                ids, [s.request.policy.adapter for s in group],
-                past_key_values=kv.cache(), use_cache=True,
-                attention_mask=torch.ones_like(ids),
-                position_ids=torch.arange(length, device=ids.device)[None, :].expand(len(group), -1),
-                logits_to_keep=1,
-            )
-            kv.advance(length)
-            if self._kv is None:
-                self._kv = kv
+            if self.prefix.wants(s.request.prompt_ids):
+                distinct.append(s)
             else:
-                self._kv.extend(kv)
-            self._rows.extend(group)
-            self._accept(group, out.logits[:, -1, :])
+                by_length.setdefault(len(s.request.prompt_ids), []).append(s)
+        for group in by_length.values():
+            self._prefill_group(group, None)
+        # One distinct long prompt at a time, so that the next can reuse what this one adds.
+        while distinct:
+            first = distinct[0]
+            same = [s for s in distinct if s.request.policy.adapter == first.request.policy.adapter
+                    and s.request.prompt_ids == first.request.prompt_ids]
+            distinct = [s for s in distinct if all(s is not x for x in same)]
+            self._prefill_group(same, self.prefix.find(first.request.policy.adapter, first.request.prompt_ids))
         self._retire()
+
+    def _prefill_group(self, group: list[DecodeSequence], hit: Hit | None) -> None:
+        """Short prompts of one length, or one long prompt however many rows sample from it (the
+        samples of a request, the rollouts of a group), computed once after `hit`'s cached prefix."""
+        prompt, adapter = group[0].request.prompt_ids, group[0].request.policy.adapter
+        length, start = len(prompt), hit.length if hit is not None else 0
+        once = self.prefix.wants(prompt)
+        rows = group[:1] if once else group
+        ids = torch.tensor([s.request.prompt_ids[start:] for s in rows], device=self.host.device)
+        kv = BatchKV.empty(self._layers, len(rows), self._kv_heads, self._head_dim, length + 64,
+                           self.host.dtype, self.host.device)
+        if hit is not None:
+            kv.write_prefix(hit.entry.keys, hit.entry.values, start)
+        out = self.host.forward(
+            ids, [s.request.policy.adapter for s in rows],
+            past_key_values=kv.cache(), use_cache=True,
+            attention_mask=torch.ones(len(rows), length, dtype=torch.long, device=ids.device),
+            position_ids=torch.arange(start, length, device=ids.device)[None, :].expand(len(rows), -1),
+            logits_to_keep=1,
+        )
+        kv.advance(length - start)
+        logits = out.logits[:, -1, :]
+        if once:
+            keys, values = [k[0, :, :length] for k in kv.kbufs], [v[0, :, :length] for v in kv.vbufs]
+            self.prefix.add(adapter, prompt, [k.clone() for k in keys], [v.clone() for v in values])
+            if len(group) > 1:
+                kv = BatchKV.empty(self._layers, len(group), self._kv_heads, self._head_dim, length + 64,
+                                   self.host.dtype, self.host.device)
+                kv.write_prefix(keys, values, length)
+                logits = logits.expand(len(group), -1).contiguous()
+        if self._kv is None:
+            self._kv = kv
+        else:
+            self._kv.extend(kv)
+        self._rows.extend(group)
+        self._accept(group, logits)
 
     def _decode_step(self) -> None:
         kv = self._kv

@@ -116,7 +116,9 @@ def test_two_tasks_of_each_domain_run_through_tau2_are_scored_by_it_and_train(se
             # are usually constant and nothing trains. Token-exactness of tau2 transcripts is then
             # shown on one group trained as advantage-weighted SFT with the spread filter off.
             assert any("same reward" in w for w in result.warnings), result.warnings
-            group = next(g for g in groups if len(g.trajectories) == 2)
+            # The shortest transcripts: this step is about exactness, not the length of a policy.
+            group = min((g for g in groups if len(g.trajectories) == 2),
+                        key=lambda g: len(g.trajectories[0].messages_and_choices[0]["content"]))
             trained = await model.train([group], TrainConfig(learning_rate=1e-4, loss="awr",
                                                              min_group_reward_spread=0.0))
         t = trained.metrics

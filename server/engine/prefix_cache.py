@@ -1,0 +1,109 @@
+"""K/V of recently prefilled long prompts, so that a prompt opening with one prefills only the rest.
+
+An agent re-sends its whole conversation every turn, and the rollouts of a group (and, in tau2,
+every task of a domain) open with the same system prompt: tau2's policy and tool list are 5-8k
+tokens. Without this, the torch engine pays for that prefix on every request.
+
+An entry holds one prompt's K/V as computed under one adapter. It is dropped when that adapter
+is loaded again or unloaded (the engine calls `drop`), so a hit is always the weights the request
+decodes with. Logprobs after a cached prefix equal a full prefill's up to float rounding: the
+trainer's recomputation (logprob_gap) is the check. Entries are kept least recently used within a
+byte budget; prompts shorter than `min_tokens` are not worth the copies and never enter.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+MIN_TOKENS = 256
+
+
+@dataclass(eq=False)
+class Entry:
+    adapter: str | None
+    ids: torch.Tensor  # [L], on the CPU: compared with each new prompt
+    keys: list[torch.Tensor]  # per layer, [heads, L, head_dim]
+    values: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+@dataclass(frozen=True)
+class Hit:
+    entry: Entry
+    length: int  # the prompt's first `length` tokens have their K/V in the entry
+
+
+class PrefixCache:
+    def __init__(self, max_bytes: int, min_tokens: int = MIN_TOKENS):
+        self.max_bytes, self.min_tokens = max_bytes, min_tokens
+        self._entries: OrderedDict[int, Entry] = OrderedDict()  # least recently used first
+        self.nbytes = self.hits = self.tokens_reused = 0  # read by /health from another thread
+
+    def wants(self, ids: list[int]) -> bool:
+        return self.max_bytes > 0 and len(ids) >= self.min_tokens
+
+    def find(self, adapter: str | None, ids: list[int]) -> Hit | None:
+        """The entry of this adapter sharing the longest prefix with `ids`. The prompt's last
+        token is always left to compute: its logits sample the first new token."""
+        if not self.wants(ids):
+            return None
+        prompt = torch.tensor(ids)
+        best: Hit | None = None
+        for entry in self._entries.values():
+            if entry.adapter != adapter:
+                continue
+            n = min(len(entry.ids), len(ids) - 1)
+            differ = (entry.ids[:n] != prompt[:n]).nonzero()
+            shared = int(differ[0, 0]) if len(differ) else n
+            if shared >= self.min_tokens and (best is None or shared > best.length):
+                best = Hit(entry, shared)
+        if best is not None:
+            self._entries.move_to_end(id(best.entry))
+            self.hits += 1
+            self.tokens_reused += best.length
+        return best
+
+    def add(self, adapter: str | None, ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Keep a prompt's K/V (per layer [heads, len(ids), head_dim], not shared with any batch).
+        An entry this prompt extends is replaced by it; one that already covers it stays alone."""
+        if not self.wants(ids):
+            return
+        prompt = torch.tensor(ids)
+        for key, entry in list(self._entries.items()):
+            if entry.adapter != adapter:
+                continue
+            n = min(len(entry.ids), len(prompt))
+            if torch.equal(entry.ids[:n], prompt[:n]):
+                if len(entry.ids) >= len(prompt):
+                    self._entries.move_to_end(key)
+                    return
+                self._remove(key)
+        entry = Entry(adapter, prompt, keys, values)
+        if entry.nbytes > self.max_bytes:
+            return
+        self._entries[id(entry)] = entry
+        self.nbytes += entry.nbytes
+        while self.nbytes > self.max_bytes:
+            self._remove(next(iter(self._entries)))
+
+    def drop(self, adapter: str | None) -> None:
+        """Forget every entry computed under `adapter` (its weights are about to change or go)."""
+        for key in [k for k, e in self._entries.items() if e.adapter == adapter]:
+            self._remove(key)
+
+    def _remove(self, key: int) -> None:
+        self.nbytes -= self._entries.pop(key).nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def figures(self) -> dict[str, int | float]:
+        return {"entries": len(self), "mib": round(self.nbytes / 2**20, 1), "hits": self.hits,
+                "tokens_reused": self.tokens_reused}
