@@ -140,21 +140,18 @@ class TorchEngine:
 
     def _prefill(self, seqs: list[DecodeSequence]) -> None:
         by_length: dict[int, list[DecodeSequence]] = {}
-        distinct: list[DecodeSequence] = []
+        by_prompt: dict[tuple, list[DecodeSequence]] = {}  # long prompts: (adapter, ids) -> their rows
         for s in seqs:
-            if self.prefix.wants(s.request.prompt_ids):
-                distinct.append(s)
+            ids = s.request.prompt_ids
+            if self.prefix.wants(ids):
+                by_prompt.setdefault((s.request.policy.adapter, tuple(ids)), []).append(s)
             else:
-                by_length.setdefault(len(s.request.prompt_ids), []).append(s)
+                by_length.setdefault(len(ids), []).append(s)
         for group in by_length.values():
             self._prefill_group(group, None)
-        # One distinct long prompt at a time, so that the next can reuse what this one adds.
-        while distinct:
-            first = distinct[0]
-            same = [s for s in distinct if s.request.policy.adapter == first.request.policy.adapter
-                    and s.request.prompt_ids == first.request.prompt_ids]
-            distinct = [s for s in distinct if all(s is not x for x in same)]
-            self._prefill_group(same, self.prefix.find(first.request.policy.adapter, first.request.prompt_ids))
+        # One long prompt at a time, so that the next can reuse what this one adds.
+        for (adapter, _), group in by_prompt.items():
+            self._prefill_group(group, self.prefix.find(adapter, group[0].request.prompt_ids))
         self._retire()
 
     def _prefill_group(self, group: list[DecodeSequence], hit: Hit | None) -> None:
