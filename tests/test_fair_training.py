@@ -115,9 +115,10 @@ def test_one_runs_queue_of_jobs_does_not_hold_another_runs_job(plain):
     still_waiting = [j for j in busy if _status(url, j) not in ENDED]
     assert _status(url, patient) == "succeeded"
     assert len(still_waiting) >= 2, "the other run's job waited for the busy run's whole queue"
-    for job in still_waiting:  # cancelled in the queue: ended at once, never started
+    # Last first: cancelling the running job first would start the next one before its own DELETE.
+    for job in reversed(still_waiting):
         httpx.delete(f"{url}/v1/jobs/{job}", timeout=30)
-    queued = still_waiting[-1]
+    queued = still_waiting[-1]  # cancelled in the queue: ended at once, never started
     assert _wait(url, queued, ENDED, 2.0) <= 2.0
     events = httpx.get(f"{url}/v1/jobs/{queued}/events", timeout=30).text
     assert '"cancelled"' in events and '"started"' not in events
