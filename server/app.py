@@ -42,8 +42,7 @@ def make_engine(settings: Settings, host: ModelHost) -> Any:
         return ReplicatedEngine(host, settings)
     from server.engine.scheduler import TorchEngine
 
-    return TorchEngine(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting,
-                       prefix_cache_mb=settings.prefix_cache_mb)
+    return TorchEngine.from_settings(host, settings)
 
 
 def make_optimizer(settings: Settings, host: ModelHost) -> Any:

@@ -1,6 +1,7 @@
 """The torch engine's prefix cache as a data structure: which entry a prompt reuses, and when
 entries go. That a reused prefix samples what a full prefill would is shown on real weights in
-test_real_models (test_logprobs_are_a_full_forward_pass)."""
+test_real_models
+(test_a_turn_after_a_long_prompt_reuses_its_prefix_and_samples_as_a_full_prefill_would)."""
 
 from __future__ import annotations
 

@@ -21,6 +21,13 @@ import torch
 MIN_TOKENS = 256
 
 
+def shared_length(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading tokens two id tensors have in common."""
+    n = min(len(a), len(b))
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0, 0]) if len(differ) else n
+
+
 @dataclass(eq=False)
 class Entry:
     adapter: str | None
@@ -58,9 +65,7 @@ class PrefixCache:
         for entry in self._entries.values():
             if entry.adapter != adapter:
                 continue
-            n = min(len(entry.ids), len(ids) - 1)
-            differ = (entry.ids[:n] != prompt[:n]).nonzero()
-            shared = int(differ[0, 0]) if len(differ) else n
+            shared = shared_length(entry.ids, prompt[:-1])
             if shared >= self.min_tokens and (best is None or shared > best.length):
                 best = Hit(entry, shared)
         if best is not None:
@@ -78,8 +83,7 @@ class PrefixCache:
         for key, entry in list(self._entries.items()):
             if entry.adapter != adapter:
                 continue
-            n = min(len(entry.ids), len(prompt))
-            if torch.equal(entry.ids[:n], prompt[:n]):
+            if shared_length(entry.ids, prompt) == min(len(entry.ids), len(prompt)):
                 if len(entry.ids) >= len(prompt):
                     self._entries.move_to_end(key)
                     return

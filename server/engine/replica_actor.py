@@ -46,8 +46,7 @@ class ReplicaActor:
         torch.set_num_threads(1)  # one core per replica: more threads would contend with the other replicas
         self.incarnation = uuid.uuid4().hex  # a restarted actor is a new one, with no adapters loaded
         self.host = load_model(settings)
-        self.engine = TorchEngine(self.host, max_batch=settings.max_batch, max_waiting=settings.max_waiting,
-                       prefix_cache_mb=settings.prefix_cache_mb)
+        self.engine = TorchEngine.from_settings(self.host, settings)
         self.engine.start()
         self._requests: dict[str, Any] = {}
         self._adapters: set[str] = set()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -23,6 +23,9 @@ from server.engine.kv_cache import BatchKV
 from server.engine.prefix_cache import Hit, PrefixCache
 from server.engine.sampling import sample
 from server.model_host import ModelHost
+
+if TYPE_CHECKING:
+    from server.settings import Settings
 
 log = logging.getLogger("artisan.engine")
 
@@ -47,6 +50,11 @@ class TorchEngine:
         self._layers = cfg.num_hidden_layers
         self._kv_heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
         self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    @classmethod
+    def from_settings(cls, host: ModelHost, settings: Settings) -> TorchEngine:
+        return cls(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting,
+                   prefix_cache_mb=settings.prefix_cache_mb)
 
     # ---- Engine ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -148,22 +156,31 @@ class TorchEngine:
             else:
                 by_length.setdefault(len(ids), []).append(s)
         for group in by_length.values():
-            self._prefill_group(group, None)
+            self._join(group, *self._forward_prompts(group, None))
         # One long prompt at a time, so that the next can reuse what this one adds.
         for (adapter, _), group in by_prompt.items():
-            self._prefill_group(group, self.prefix.find(adapter, group[0].request.prompt_ids))
+            self._prefill_long(group, self.prefix.find(adapter, group[0].request.prompt_ids))
         self._retire()
 
-    def _prefill_group(self, group: list[DecodeSequence], hit: Hit | None) -> None:
-        """Short prompts of one length, or one long prompt however many rows sample from it (the
-        samples of a request, the rollouts of a group), computed once after `hit`'s cached prefix."""
+    def _prefill_long(self, group: list[DecodeSequence], hit: Hit | None) -> None:
+        """One long prompt, computed once after `hit`'s cached prefix however many rows sample from
+        it (the samples of a request, the rollouts of a group), and kept in the prefix cache."""
         prompt, adapter = group[0].request.prompt_ids, group[0].request.policy.adapter
-        length, start = len(prompt), hit.length if hit is not None else 0
-        once = self.prefix.wants(prompt)
-        rows = group[:1] if once else group
+        kv, logits = self._forward_prompts(group[:1], hit)
+        keys, values = [k[0, :, :len(prompt)] for k in kv.kbufs], [v[0, :, :len(prompt)] for v in kv.vbufs]
+        self.prefix.add(adapter, prompt, [k.clone() for k in keys], [v.clone() for v in values])
+        if len(group) > 1:
+            kv = self._empty_kv(len(group), len(prompt))
+            kv.write_prefix(keys, values, len(prompt))
+            logits = logits.expand(len(group), -1).contiguous()
+        self._join(group, kv, logits)
+
+    def _forward_prompts(self, rows: list[DecodeSequence], hit: Hit | None) -> tuple[BatchKV, torch.Tensor]:
+        """Prefill prompts of one length after `hit`'s cached prefix: their K/V, and the logits
+        that sample each row's first token."""
+        length, start = len(rows[0].request.prompt_ids), hit.length if hit is not None else 0
         ids = torch.tensor([s.request.prompt_ids[start:] for s in rows], device=self.host.device)
-        kv = BatchKV.empty(self._layers, len(rows), self._kv_heads, self._head_dim, length + 64,
-                           self.host.dtype, self.host.device)
+        kv = self._empty_kv(len(rows), length)
         if hit is not None:
             kv.write_prefix(hit.entry.keys, hit.entry.values, start)
         out = self.host.forward(
@@ -174,15 +191,14 @@ class TorchEngine:
             logits_to_keep=1,
         )
         kv.advance(length - start)
-        logits = out.logits[:, -1, :]
-        if once:
-            keys, values = [k[0, :, :length] for k in kv.kbufs], [v[0, :, :length] for v in kv.vbufs]
-            self.prefix.add(adapter, prompt, [k.clone() for k in keys], [v.clone() for v in values])
-            if len(group) > 1:
-                kv = BatchKV.empty(self._layers, len(group), self._kv_heads, self._head_dim, length + 64,
-                                   self.host.dtype, self.host.device)
-                kv.write_prefix(keys, values, length)
-                logits = logits.expand(len(group), -1).contiguous()
+        return kv, out.logits[:, -1, :]
+
+    def _empty_kv(self, rows: int, prompt_length: int) -> BatchKV:
+        return BatchKV.empty(self._layers, rows, self._kv_heads, self._head_dim, prompt_length + 64,
+                             self.host.dtype, self.host.device)
+
+    def _join(self, group: list[DecodeSequence], kv: BatchKV, logits: torch.Tensor) -> None:
+        """Prefilled rows join the running batch and sample their first tokens."""
         if self._kv is None:
             self._kv = kv
         else:
