@@ -235,7 +235,6 @@ def main(argv: list[str] | None = None) -> None:
     gguf = smollm2_gguf()
     levels = len(learn_task.LEVELS[a.task])
     rows = eval_rows(a.task, a.eval_n, levels)
-    work = Path(tempfile.mkdtemp(prefix="bench-algorithms-"))
     a.out.mkdir(parents=True, exist_ok=True)
     modes = {"both": (False, True), "on": (True,), "off": (False,)}[a.curriculum]
     settings = {k: getattr(a, k) for k in ("task", "prompt", "steps", "prompts_per_step", "group_size",
@@ -246,10 +245,11 @@ def main(argv: list[str] | None = None) -> None:
                     budget=a.steps * a.prompts_per_step * a.group_size)
     result: dict[str, Any] = {"settings": settings, "runs": []}
     started = time.perf_counter()
-    with LocalServer(work / "data", model=gguf, extra=["--device", "cpu", "--cache-dir", str(CACHE)]) as server:
+    with tempfile.TemporaryDirectory(prefix="bench-algorithms-") as scratch, \
+            LocalServer(Path(scratch) / "data", model=gguf, extra=["--device", "cpu", "--cache-dir", str(CACHE)]) as server:
         for with_curriculum in modes:
             for algorithm in a.algorithms:
-                result["runs"].append(asyncio.run(one_run(server.url, algorithm, with_curriculum, a, rows, work)))
+                result["runs"].append(asyncio.run(one_run(server.url, algorithm, with_curriculum, a, rows, Path(scratch))))
                 # What is measured so far, should the bench be stopped before the end.
                 (a.out / "algorithms.partial.json").write_text(json.dumps(result, indent=1))
     result["seconds"] = round(time.perf_counter() - started, 1)

@@ -283,7 +283,6 @@ def main() -> None:
     model_dir = converted(gguf)  # the same float32 weights art-server dequantises and serves
     train_rows = learn_task.rows(a.task, a.steps * a.prompts_per_step, learn_task.TRAIN_SEED)
     eval_rows = learn_task.rows(a.task, a.eval_n, learn_task.EVAL_SEED)
-    work = Path(tempfile.mkdtemp(prefix="bench-learn-"))
     a.out.mkdir(parents=True, exist_ok=True)
 
     settings = {k: getattr(a, k) for k in ("task", "prompt", "steps", "eval_every", "eval_n", "group_size",
@@ -291,10 +290,11 @@ def main() -> None:
     settings.update(model=gguf.name, lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, eval="greedy", kl=0.0,
                     options=learn_task.SETTINGS[a.task])
     result: dict[str, Any] = {"settings": settings}
-    if a.only in (None, "artisan"):
-        result["artisan"] = run_artisan(a, gguf, CACHE, train_rows, eval_rows, work)
-    if a.only in (None, "trl"):
-        result["trl"] = run_trl(a, model_dir, train_rows, eval_rows, work)
+    with tempfile.TemporaryDirectory(prefix="bench-learn-") as work:
+        if a.only in (None, "artisan"):
+            result["artisan"] = run_artisan(a, gguf, CACHE, train_rows, eval_rows, Path(work))
+        if a.only in (None, "trl"):
+            result["trl"] = run_trl(a, model_dir, train_rows, eval_rows, Path(work))
     if "artisan" in result and "trl" in result:
         result.update(compare(result["artisan"]["curve"], result["trl"]["curve"]))
     result["differences"] = DIFFERENCES

@@ -107,15 +107,15 @@ async def _measure(server: LocalServer) -> dict[str, float]:
 def main(model: str = typer.Option(None, help="A model directory or .gguf file (default: the embedded model)."),
          engine: list[str] = typer.Option(["torch"], help="torch and/or vllm (repeat to compare in one run)."),
          vllm_python: str = typer.Option(None, help="The Python with vllm installed (default: this one).")) -> None:
-    work = Path(tempfile.mkdtemp(prefix="bench-publish-"))
     out: dict = {"model": Path(model).stem if model else "embedded", "steps": STEPS}
     for name in engine:
         extra = ["--device", "cpu", "--engine", name] + (["--vllm-python", vllm_python] if vllm_python else [])
-        server = LocalServer(work / f"data-{name}", model=model, extra=extra).start(timeout=900)
-        try:
-            out.update({f"{name}_{k}": v for k, v in asyncio.run(_measure(server)).items()})
-        finally:
-            server.stop()
+        with tempfile.TemporaryDirectory(prefix="bench-publish-") as work:
+            server = LocalServer(Path(work) / "data", model=model, extra=extra).start(timeout=900)
+            try:
+                out.update({f"{name}_{k}": v for k, v in asyncio.run(_measure(server)).items()})
+            finally:
+                server.stop()
     print(json.dumps(out))
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -178,6 +179,7 @@ def measure_serving(rounds: int = ROUNDS, pin: bool = True) -> dict[str, Any]:
         for server in servers.values():
             server.stop()
         cluster.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
     best = {name: max(r) for name, r in runs.items()}
     # Two replicas split the clients, so each batches half of them: the engine's own gain from that
     # is the most two replicas can give, whatever the cores.

@@ -111,14 +111,11 @@ def _vllm_direct(model_dir: Path, work: Path, python: str | None) -> dict[str, f
         server.stop()
 
 
-def main(model: str = typer.Option(None, help="A model directory or .gguf file (default: a random 20M Qwen2)."),
-         engine: list[str] = typer.Option(["torch"], help="torch and/or vllm (repeat to compare in one run)."),
-         vllm_python: str = typer.Option(None, help="The Python with vllm installed (default: this one).")) -> None:
+def measure(model: str | None, engine: list[str], vllm_python: str | None, work: Path) -> dict:
     from transformers import AutoTokenizer
 
     from server.chat.format import ChatFormat
 
-    work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     model_dir, label = _model(model, work)
     prompt_ids = ChatFormat.build(AutoTokenizer.from_pretrained(model_dir)).renderer.render(
         [{"role": "user", "content": PROMPT}]).ids
@@ -142,7 +139,14 @@ def main(model: str = typer.Option(None, help="A model directory or .gguf file (
     for name in engine:
         out[f"{name}_c32_vs_roofline"] = round(out[f"{name}_c32"] / out["roofline_c32"], 3)
         out[f"{name}_c32_vs_c1"] = round(out[f"{name}_c32"] / out[f"{name}_c1"], 2)
-    print(json.dumps(out))
+    return out
+
+
+def main(model: str = typer.Option(None, help="A model directory or .gguf file (default: a random 20M Qwen2)."),
+         engine: list[str] = typer.Option(["torch"], help="torch and/or vllm (repeat to compare in one run)."),
+         vllm_python: str = typer.Option(None, help="The Python with vllm installed (default: this one).")) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as work:
+        print(json.dumps(measure(model, engine, vllm_python, Path(work))))
 
 
 if __name__ == "__main__":

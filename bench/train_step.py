@@ -96,8 +96,8 @@ def _raw(model_dir: Path, sequences: list[list[int]]) -> float:
 
 def main() -> None:
     model_dir = ROOT / "server" / "embedded" / "model"
-    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    with LocalServer(work / "data", extra=["--device", "cpu"]) as server:
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as work, \
+            LocalServer(Path(work) / "data", extra=["--device", "cpu"]) as server:
         groups, result = asyncio.run(_step(server.url))
     raw = _raw(model_dir, _sequences(groups, model_dir))
     m = result.metrics

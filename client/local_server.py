@@ -65,7 +65,8 @@ class LocalServer:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"art-server did not answer /health within {timeout:.0f}s; see {self.log_path}")
+        raise RuntimeError(f"art-server did not answer /health within {timeout:.0f}s:\n"
+                           f"{self.log_path.read_text(errors='replace')[-3000:]}")
 
     def wait_exit(self, timeout: float = 120) -> int:
         """Wait for the server to end on its own (a crash the test provoked)."""
