@@ -290,11 +290,12 @@ def main() -> None:
     settings.update(model=gguf.name, lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, eval="greedy", kl=0.0,
                     options=learn_task.SETTINGS[a.task])
     result: dict[str, Any] = {"settings": settings}
-    with tempfile.TemporaryDirectory(prefix="bench-learn-") as work:
+    with tempfile.TemporaryDirectory(prefix="bench-learn-") as scratch:
+        work = Path(scratch)
         if a.only in (None, "artisan"):
-            result["artisan"] = run_artisan(a, gguf, CACHE, train_rows, eval_rows, Path(work))
+            result["artisan"] = run_artisan(a, gguf, CACHE, train_rows, eval_rows, work)
         if a.only in (None, "trl"):
-            result["trl"] = run_trl(a, model_dir, train_rows, eval_rows, Path(work))
+            result["trl"] = run_trl(a, model_dir, train_rows, eval_rows, work)
     if "artisan" in result and "trl" in result:
         result.update(compare(result["artisan"]["curve"], result["trl"]["curve"]))
     result["differences"] = DIFFERENCES

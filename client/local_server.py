@@ -56,8 +56,7 @@ class LocalServer:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"art-server exited with {self.proc.returncode}:\n"
-                                   f"{self.log_path.read_text(errors='replace')[-3000:]}")
+                raise RuntimeError(f"art-server exited with {self.proc.returncode}:\n{self._log_tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return self
@@ -65,8 +64,11 @@ class LocalServer:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"art-server did not answer /health within {timeout:.0f}s:\n"
-                           f"{self.log_path.read_text(errors='replace')[-3000:]}")
+        raise RuntimeError(f"art-server did not answer /health within {timeout:.0f}s:\n{self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        # Quoted, not pointed to: the log may be in a scratch directory that is removed next.
+        return self.log_path.read_text(errors="replace")[-3000:]
 
     def wait_exit(self, timeout: float = 120) -> int:
         """Wait for the server to end on its own (a crash the test provoked)."""
