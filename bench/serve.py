@@ -35,7 +35,8 @@ MODEL_SHAPE = dict(hidden=512, layers=6, heads=8, kv_heads=2, intermediate=1408)
 LOADS = ((1, 4), (8, 3), (32, 2))  # (concurrent clients, requests each)
 
 
-async def _client_load(url: str, model: str, concurrency: int, requests_per_client: int) -> float:
+async def _client_load(url: str, model: str, concurrency: int, requests_per_client: int,
+                       max_tokens: int = MAX_TOKENS) -> float:
     """Generated tokens per second with `concurrency` clients each sending requests back to back."""
     from openai import AsyncOpenAI
 
@@ -44,7 +45,7 @@ async def _client_load(url: str, model: str, concurrency: int, requests_per_clie
         async def one_client() -> int:
             tokens = 0
             for _ in range(requests_per_client):
-                r = await client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS,
+                r = await client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
                                                          temperature=1.0, extra_body={"ignore_eos": True})
                 tokens += r.usage.completion_tokens
             return tokens

@@ -46,6 +46,10 @@ class ConfigError(ValueError):
     """A setting that cannot work; the message names it and says what to write instead."""
 
 
+class RunInUse(ConfigError):
+    """Another client is training the run (it holds the run's lease, server/training/leases.py)."""
+
+
 class RunCannotLearn(RuntimeError):
     """Training attempts in a row trained nothing; the message says why (see client/patience.py)."""
 

@@ -6,17 +6,19 @@ once), then follows the job's events, reconnecting where it left off if the conn
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import sys
 import time
 import uuid
-from typing import Any, Iterable
+from typing import Any, AsyncIterator, Iterable
 
 import httpx
 from openai import AsyncOpenAI
 
-from client.errors import ConfigError, ServerError, ServerUnreachable
+from client.errors import ConfigError, RunInUse, ServerError, ServerUnreachable
 from protocol.config import LoraSettings, RunSpec, SFTConfig, TrainConfig
 from protocol.jobs import JobEvent, RLJob, ScoredSession, SessionGroup, SessionJob, SFTJob, TrainResult
 from protocol.retry import RetryPolicy
@@ -29,6 +31,9 @@ FIRST_CONTACT_RETRY = RetryPolicy(attempts=3, initial_wait=0.5, max_wait=1.0)
 # a server restart, which takes 20-140 s (model load, runs resumed); 5 minutes leaves room.
 DEFAULT_RETRY_SECONDS = 300.0
 SAY_WAITING_EVERY = 30.0  # seconds between "waiting for the server" lines during one outage
+# A lease the client stops renewing (killed) frees its run this long after its last renewal.
+LEASE_SECONDS = 60.0
+LEASE_CALL = RetryPolicy(attempts=2, initial_wait=0.5, max_wait=1.0)  # a renewal or release: the next one comes
 
 
 def raise_for_status(resp: httpx.Response) -> None:
@@ -63,10 +68,12 @@ class TrainableModel:
         self.api_key: str | None = None
         self.base_model: str | None = base_model
         self.step = 0
+        self.created: bool | None = None  # whether register() made the run (None: not registered yet)
         seconds = retry_seconds if retry_seconds is not None else float(
             os.environ.get("ARTISAN_RETRY_SECONDS", DEFAULT_RETRY_SECONDS))
         self.retry = RetryPolicy(attempts=None, initial_wait=0.5, max_wait=8.0, seconds=seconds,
                                  on_retry=self._say_waiting)
+        self.lease_id: str | None = None  # while this client holds the run's lease (`lease()`)
         self._said_waiting = float("-inf")
 
     @property
@@ -82,6 +89,8 @@ class TrainableModel:
         if self.server_url is None:
             raise RuntimeError("call register(server_url) first")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if self.lease_id:  # jobs carry it: the server queues them while another client's lease would refuse them
+            headers["X-Artisan-Lease"] = self.lease_id
         return httpx.AsyncClient(base_url=self.server_url, headers=headers, timeout=timeout)
 
     def _say_waiting(self, failure: BaseException, seconds_left: float | None) -> None:
@@ -115,9 +124,50 @@ class TrainableModel:
         info = await self.request("POST", "/v1/runs", retry=FIRST_CONTACT_RETRY,
                                   json=self.spec.model_dump(mode="json"))
         self.step = info["step"]
+        self.created = bool(info.get("created"))  # made by this call, not found
         # The name the server serves its base model under: A*-PO's reference, the default judge (neither drifts)
         self.base_model = info.get("base_model") or self.base_model
         return self
+
+    @contextlib.asynccontextmanager
+    async def lease(self, seconds: float | None = None) -> AsyncIterator["TrainableModel"]:
+        """Hold the run for this client while the block runs (`python -m client.train` does): another
+        client's lease, and jobs without this one, are refused until it ends; RunInUse when another
+        client holds it now. Renewed in the background; a client killed without releasing it frees
+        the run `seconds` after its last renewal (default ARTISAN_LEASE_SECONDS, else 60)."""
+        seconds = seconds or float(os.environ.get("ARTISAN_LEASE_SECONDS", LEASE_SECONDS))
+        lease_id = uuid.uuid4().hex
+        await self._hold_lease(lease_id, seconds, self.retry)
+        self.lease_id = lease_id
+        renewing = asyncio.create_task(self._renew_lease(lease_id, seconds))
+        try:
+            yield self
+        finally:
+            renewing.cancel()
+            self.lease_id = None
+            with contextlib.suppress(ServerError):  # not released: it expires
+                await self.request("DELETE", f"/v1/runs/{self.name}/lease/{lease_id}", retry=LEASE_CALL)
+
+    async def _hold_lease(self, lease_id: str, seconds: float, retry: RetryPolicy) -> None:
+        try:
+            await self.request("PUT", f"/v1/runs/{self.name}/lease", retry=retry,
+                               json={"lease_id": lease_id, "seconds": seconds})
+        except ServerError as e:
+            if e.status == 409:
+                raise RunInUse(str(e).removeprefix("409: ")) from None
+            raise
+
+    async def _renew_lease(self, lease_id: str, seconds: float) -> None:
+        """Every quarter of the lease; after a server restart (which forgets leases) this takes it again."""
+        while True:
+            await asyncio.sleep(seconds / 4)
+            try:
+                await self._hold_lease(lease_id, seconds, LEASE_CALL)
+            except RunInUse as e:  # it expired and another client took it: this one's next job is refused
+                print(f"artisan: lost run {self.name} to another client: {e}", file=sys.stderr, flush=True)
+                return
+            except ServerError:
+                pass  # unreachable for now: the next renewal tries again, and the lease outlasts three
 
     def openai_client(self, **kw: Any) -> AsyncOpenAI:
         """An AsyncOpenAI client for this server; use `model=self.name` for the latest step.

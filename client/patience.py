@@ -5,6 +5,11 @@ reach its target would try again for ever (or, capped, end "successfully" at ste
 `limit` such attempts in a row the loop stops with one paragraph naming the cause, read from the
 attempts' own figures: constant rewards (with the reward seen), groups of one, failed rollouts
 (with the first error), nothing trainable in the rollouts.
+
+One case does not wait for `limit`: a run at step 0 whose held-out evaluation scored exactly 0 and
+whose first attempt scored 0 in every rollout. The model has shown no reward anywhere, and every
+further attempt is another full batch of the same (the retail example on the embedded model spent
+7.5 minutes on three of them, when 41 s had told the story).
 """
 
 from __future__ import annotations
@@ -137,8 +142,10 @@ class Patience:
     limit: int = 3
     streak: list[dict[str, Any]] = field(default_factory=list)
     best_reward: float | None = None  # the best single reward of any attempt, streak or not
+    attempts: int = 0
 
     def record(self, attempt: dict[str, Any]) -> None:
+        self.attempts += 1
         self.streak = [] if attempt["trained"] else [*self.streak, attempt]
         better = [v for v in attempt.get("reward_values", []) if self.best_reward is None or v > self.best_reward]
         if better:
@@ -148,12 +155,25 @@ class Patience:
     def exhausted(self) -> bool:
         return len(self.streak) >= self.limit
 
+    def hopeless(self, step: int, step0_evals: list[float | None]) -> bool:
+        """Whether to stop now, before `limit`: at step 0, held-out reward exactly 0 (`step0_evals`:
+        the run's evaluations of step 0) and this process's first attempt scored 0 in every rollout."""
+        if step != 0 or self.attempts != 1 or len(self.streak) != 1 or not step0_evals:
+            return False
+        first = self.streak[0]
+        return (all(r == 0.0 for r in step0_evals) and cause_of(first) == "constant_reward"
+                and first.get("reward_values") == [0.0])
+
     def verdict(self, step: int, group_size: int | None = None, where: str | None = None,
-                eval_rewards: tuple[float | None, ...] = ()) -> RunCannotLearn:
-        """`eval_rewards`: the run's held-out mean rewards, another place reward may have shown up."""
+                eval_rewards: tuple[float | None, ...] = (), early: bool = False) -> RunCannotLearn:
+        """`eval_rewards`: the run's held-out mean rewards, another place reward may have shown up.
+        `early`: the stop is `hopeless`'s, before `limit` attempts."""
         best = max([r for r in (self.best_reward, *eval_rewards) if r is not None], default=None)
         cause, sentence = diagnose(self.streak, group_size, best)
         n = len(self.streak)
-        message = (f"Stopped: {n} training attempt{'s' * (n != 1)} in a row trained nothing, so the run stays at "
-                   f"step {step}. {sentence}" + (f" The attempts are in {where}." if where else ""))
+        head = (f"Stopped after the first training attempt, without waiting for --patience {self.limit}: it trained "
+                f"nothing and the held-out evaluation scored 0 too, so the run stays at step {step}." if early else
+                f"Stopped: {n} training attempt{'s' * (n != 1)} in a row trained nothing, so the run stays at "
+                f"step {step}.")
+        message = f"{head} {sentence}" + (f" The attempts are in {where}." if where else "")
         return RunCannotLearn(message, cause)

@@ -42,6 +42,7 @@ from rollouts.env import Example, Task
 CLIENT_PACKAGES = ("protocol", "exporters", "rollouts", "rewards", "client", "environments", "examples")
 WORKER_CPUS = 1  # rollouts wait on the server and on tools: one core each is room for the tools
 START_SECONDS = 300.0  # a fresh node may install the runtime_env before its first actor starts
+NOTICE_SECONDS = 10.0  # then a line says what the start is waiting for
 
 
 class RayWorkers(BaseModel):
@@ -123,6 +124,27 @@ def check_ray_address(address: str, timeout: float = 5.0) -> None:
     except OSError as exc:
         raise ConfigError(f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the "
                           f"cluster with `ray start --head` and give its address") from None
+
+
+async def started_within(pending: Any, seconds: float, notice: Any, notice_after: float = NOTICE_SECONDS) -> Any:
+    """`pending`'s result within `seconds` (else asyncio.TimeoutError), saying `notice()` on stderr
+    once if it has not come after `notice_after`: a wait for the cluster is not silence."""
+    task = asyncio.ensure_future(pending)
+    done, _ = await asyncio.wait({task}, timeout=min(notice_after, seconds))
+    if not done:
+        print(notice(), file=sys.stderr, flush=True)
+    return await asyncio.wait_for(task, max(0.0, seconds - notice_after))
+
+
+def not_started_line(workers: int, available: dict[str, float], total: dict[str, float]) -> str:
+    """Why the workers may not have started: the CPUs they need against the cluster's free ones."""
+    need, free, have = workers * WORKER_CPUS, available.get("CPU", 0.0), total.get("CPU", 0.0)
+    if free < need:
+        return (f"ray: waiting for {need} CPUs for the {workers} rollout workers ({free:g} of the cluster's {have:g} "
+                f"are free; art-server --replicas holds one each on its machine): give the cluster more CPUs "
+                f"(ray start --num-cpus N) or use fewer --ray-workers; waiting up to {START_SECONDS:.0f} s")
+    return (f"ray: the {workers} rollout workers have not started yet (their nodes may be installing this code's "
+            f"runtime environment); waiting up to {START_SECONDS:.0f} s")
 
 
 def lost_message(name: str, node: str, cause: BaseException) -> str:
@@ -207,8 +229,9 @@ class RayRolloutPool:
         made = [self._make() for _ in range(self.settings.workers)]
         self.actors, self.names = [a for a, _ in made], [n for _, n in made]
         try:
-            self.nodes = await asyncio.wait_for(asyncio.gather(*(a.where.remote() for a in self.actors)),
-                                                START_SECONDS)
+            self.nodes = await started_within(asyncio.gather(*(a.where.remote() for a in self.actors)), START_SECONDS,
+                                              lambda: not_started_line(self.settings.workers, ray.available_resources(),
+                                                                       ray.cluster_resources()))
         except Exception as exc:  # the example does not unpickle there, a package is missing, ...
             self.close()
             raise ConfigError(f"--ray-address: the rollout workers did not start: {_last_line(exc)}") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -23,27 +24,33 @@ import json
 import pkgutil
 import random
 import re
+import sys
 import time
 import typing
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Awaitable, Literal, get_args
 
 import typer
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from client.apo import NothingToRegress, ValueTable
 from client.curriculum import Curriculum, next_level, success_rate
+from client.decline import best_eval, entropy_collapse, first_entropy, held_out_decline, keep_best_line, stderr_of
 from client.errors import ConfigError, cli_errors, validation_line
-from client.gather import gather_trajectory_groups
+from client.gather import TooManyExceptions, gather_trajectory_groups
 from client.model import TrainableModel, check_server_url
+from client.outage import watch_for
 from client.patience import Patience, attempt_record, failed_rollouts_record
+from client.report import (StepTiming, curriculum_part, domain_lines, figure, interrupted_line,  # noqa: F401
+                           nothing_to_train_line, retry_line, run_line, step_line)
 from client.pipeline import Journal, Pipeline
 from client.ray_rollouts import RayRolloutPool, RayWorkers, check_ray_address
 from protocol.config import MODULE_NAME, Baseline, LossName, RunSpec, TrainConfig
 from protocol.domains import DOMAIN_KEY, domain_figures
 from protocol.jobs import TrainResult
-from protocol.trajectory import TrajectoryGroup
+from protocol.trajectory import Trajectory, TrajectoryGroup
 from rollouts.env import Example, Task
+from rollouts.seeding import derive_seed, seeded
 
 app = typer.Typer(add_completion=False)
 
@@ -69,7 +76,9 @@ class LoopConfig(BaseModel):
     # How long each call waits out an unreachable server (a restart) before the run gives up; None:
     # ARTISAN_RETRY_SECONDS, else 300 (client/model.py).
     retry_seconds: float | None = Field(default=None, ge=0)
-    seed: int = 0
+    # Seeds the task draws and every rollout's and evaluation's sampling (rollouts/seeding.py), so
+    # that the same command gives the same curve; None: tasks drawn from 0, sampling unseeded.
+    seed: int | None = None
     out: Path = Path("out/train")
     reward: Literal["env", "ruler"] = "env"
     judge: str | None = None
@@ -88,6 +97,14 @@ class LoopConfig(BaseModel):
     example_kwargs: dict[str, Any] = {}
     # Run rollouts (training, evaluation, A*-PO's reference samples) on Ray workers; None: here.
     ray: RayWorkers | None = None
+    # At the end, if an earlier step scored higher on held-out tasks than the latest, the run's name
+    # serves that step (PUT /v1/runs/{name}/serving); training still goes on from the latest.
+    keep_best: bool = False
+
+    @property
+    def task_seed(self) -> int:
+        """The seed the training tasks are drawn from: an unseeded run draws the tasks of seed 0."""
+        return 0 if self.seed is None else self.seed
 
 
 def example_names() -> list[str]:
@@ -190,17 +207,32 @@ def example_options(args: list[str]) -> dict[str, Any]:
 
 async def run_groups(model: TrainableModel, example: Example, tasks: list[Task], group_size: int,
                      hook=None, progress: bool = True, description: str = "rollouts", policy: str | None = None,
-                     max_exceptions: int | float = 0.5, workers: RayRolloutPool | None = None) -> list[TrajectoryGroup]:
+                     max_exceptions: int | float = 0.5, workers: RayRolloutPool | None = None,
+                     seed: int | None = None) -> list[TrajectoryGroup]:
     """`policy`: the served name to sample from (`run@step`); the run's latest step by default.
-    `workers`: run the rollouts on these Ray workers instead of here."""
+    `workers`: run the rollouts on these Ray workers instead of here. `seed`: every rollout's calls
+    are seeded from it (the k-th rollout of the i-th task from derive_seed(seed, i, k)); None: unseeded."""
     policy = policy or model.name
     # One client per batch, closed when the batch is done: an unclosed client's connections can
     # leave a later batch's responses unread until they time out.
     async with contextlib.nullcontext() if workers else model.openai_client(max_retries=0, timeout=120) as client:
-        groups = [[workers.rollout(policy, t) if workers else example.rollout(client, policy, t)
-                   for _ in range(group_size)] for t in tasks]
-        gathered = await gather_trajectory_groups(groups, progress=progress, after_each=hook, description=description,
-                                                  max_exceptions=max_exceptions)
+        def one(i: int, k: int, t: Task) -> Awaitable[Trajectory]:  # made anew for each try
+            return workers.rollout(policy, t) if workers else \
+                seeded(example.rollout(client, policy, t), None if seed is None else derive_seed(seed, i, k))
+
+        # A rollout (or a judgment) cut off by a server restart runs again once it is back (client/outage.py).
+        watch = watch_for(model)
+        groups = [[watch.run(functools.partial(one, i, k, t)) for k in range(group_size)] for i, t in enumerate(tasks)]
+        scored = None if hook is None else lambda g: watch.run(lambda: hook(g))
+        try:
+            gathered = await gather_trajectory_groups(groups, progress=progress, after_each=scored,
+                                                      description=description, max_exceptions=max_exceptions)
+        except TooManyExceptions:
+            if watch.gone is not None:  # the server did not come back within the retry window
+                raise watch.gone from None
+            raise
+        if watch.gone is not None:
+            raise watch.gone
     # A group is one task's rollouts: it carries the task's domain, so that its failed rollouts are
     # counted against that domain too (protocol/domains.py).
     for g, t in zip(gathered, tasks):
@@ -223,15 +255,19 @@ def mean_reward(groups: list[TrajectoryGroup]) -> float | None:
 
 async def evaluate(model: TrainableModel, example: Example, tasks: list[Task], progress: bool,
                    step: int | None = None, by_domain: dict[str, Any] | None = None,
-                   workers: RayRolloutPool | None = None) -> float | None:
+                   workers: RayRolloutPool | None = None, seed: int | None = None,
+                   rewards: list[float] | None = None) -> float | None:
     """Held-out reward of step `step` (the latest by default), logged as that step's. `by_domain`,
-    if given, receives the reward per domain of tasks that name one."""
+    if given, receives the reward per domain of tasks that name one; `rewards`, each task's reward
+    (a task whose rollout failed has none). `seed`: as run_groups'."""
     policy = None if step is None else f"{model.name}@{step}"
     groups = await run_groups(model, example, tasks, 1, progress=progress, description="eval", policy=policy,
-                              workers=workers)
+                              workers=workers, seed=seed)
     await model.log(groups, split="val", step=step)
     if by_domain is not None:
         by_domain.update({d: f["reward_mean"] for d, f in domain_figures(groups).items()})
+    if rewards is not None:
+        rewards.extend(mean_reward([g]) for g in groups if g.trajectories)
     return mean_reward(groups)
 
 
@@ -284,40 +320,6 @@ def judge_line(figures: dict[str, int]) -> str:
             f"to compare; {figures['malformed']} malformed replies in {figures['attempts']} calls")
 
 
-def step_line(result: TrainResult, extra: str = "") -> str:
-    m = result.metrics
-    gap = "None" if m.logprob_gap is None else f"{m.logprob_gap:.1e}"
-    head = f"step {result.step:3d}" if result.trained else f"step {result.step + 1:3d} not trained"
-    dropped = m.groups_dropped_constant + m.groups_dropped_single + m.groups_dropped_failed + m.groups_dropped_stale
-    stale = (f" | staleness mean {m.staleness_mean:.2f} max {m.staleness_max}, {m.groups_dropped_stale} too stale"
-             if m.staleness_bound and m.staleness_mean is not None else "")
-    return (f"{head} | reward {m.reward_mean or 0:.3f} | groups {m.groups_trainable}/{m.groups_total} "
-            f"trainable, {dropped} dropped | exceptions {m.trajectories_excluded} | logprob_gap "
-            f"{gap}{stale}{_advantage_part(m)}{extra} | {m.step_seconds or 0:.1f}s" + "".join(domain_lines(m.domains))
-            + "".join(f"\n  warning: {w}" for w in result.warnings))
-
-
-def _advantage_part(m) -> str:
-    if m.baseline != "given" or m.advantage_mean is None:
-        return ""
-    return (f" | V* {m.value_mean:.3f} advantage {m.advantage_mean:+.3f} "
-            f"({m.advantage_positive_fraction:.0%} > 0)")
-
-
-def curriculum_part(level: int, success: float | None) -> str:
-    return f" | level {level}" + ("" if success is None else f" (held-out success {success:.2f})")
-
-
-def _figure(value: Any) -> str:
-    return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def domain_lines(domains: dict[str, dict[str, Any]]) -> list[str]:
-    """One line per domain of a batch that names them (protocol/domains.py)."""
-    return [f"\n  {name}: " + ", ".join(f"{k} {_figure(v)}" for k, v in figures.items())
-            for name, figures in domains.items()]
-
-
 class Summary:
     """The loop's record in `out/summary.json`: evals, per-step figures, time spent. A restart that
     resumes the run at step `resumed_at` keeps the record up to that step; a run that starts over
@@ -333,6 +335,7 @@ class Summary:
             if same else []
         self.seconds_before = previous.get("seconds", 0.0) if same else 0.0
         self.rollout_workers: dict[str, Any] | None = None  # the Ray workers' figures, when rollouts ran there
+        self.keep_best: dict[str, Any] | None = None  # what --keep-best made the run's name serve
 
     def judge_totals(self) -> dict[str, int] | None:
         """The judge's figures over every training attempt (see judge_figures)."""
@@ -348,9 +351,26 @@ class Summary:
                    **({"judge": judge} if (judge := self.judge_totals()) else {}),
                    **({"stopped": stopped} if stopped else {}),
                    **({"rollout_workers": self.rollout_workers} if self.rollout_workers else {}),
+                   "best_step": best_eval(self.evals),
+                   **({"keep_best": self.keep_best} if self.keep_best else {}),
                    "evals": self.evals, "history": self.history}
         self.path.write_text(json.dumps(summary, indent=2))
         return summary
+
+
+RUNS_AT: dict[str, dict[str, Any]] = {}  # run name -> its step, and whether a batch is at the server
+
+
+def _marking(hook: Any, marks: dict[str, float]) -> Any:
+    """`hook`, noting in `marks` when a group's rollouts ended and its scoring began."""
+    if hook is None:
+        return None
+
+    async def scored(group: TrajectoryGroup) -> TrajectoryGroup:
+        marks["rollouts_done"] = time.monotonic()
+        return await hook(group)
+
+    return scored
 
 
 def group_hook(cfg: LoopConfig, example: Example, model: TrainableModel):
@@ -382,6 +402,11 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
         check_ray_address(cfg.ray.address)
     model = await TrainableModel(cfg.run, project=cfg.project, retry_seconds=cfg.retry_seconds).register(
         cfg.server, cfg.api_key)
+    async with model.lease():  # one client trains a run at a time: a second is refused here, in one line
+        return await _with_run(cfg, example, model)
+
+
+async def _with_run(cfg: LoopConfig, example: Example, model: TrainableModel) -> dict[str, Any]:
     # The judge scores groups here, on the driver, once their rollouts are back.
     hook = group_hook(cfg, example, model)
     if cfg.train.baseline == "given" and hook is not None:
@@ -403,28 +428,42 @@ async def _train_loop(cfg: LoopConfig, example: Example, model: TrainableModel, 
     apo = cfg.train.baseline == "given"
     cfg.out.mkdir(parents=True, exist_ok=True)
     held_out = example.eval_tasks()[: cfg.eval_tasks]  # the starting level's: before and after compare
-    rng, drawn = random.Random(cfg.seed), []
+    rng, drawn = random.Random(cfg.task_seed), []
     summary = Summary(cfg.out / "summary.json", cfg.run, resumed_at=model.step)
     summary.rollout_workers = workers.figures if workers else None
     train_cfg = cfg.train.model_copy(update={"max_steps_off_policy": cfg.max_steps_off_policy})
     # The task source: its level moves with the curriculum; a resumed run takes the level it reached.
-    source = {"tasks": example.train_tasks(cfg.seed), "success": None}
+    source = {"tasks": example.train_tasks(cfg.task_seed), "success": None}
     if cfg.curriculum and summary.history:
         last = next((h for h in reversed(summary.history) if h.get("curriculum_level") is not None), None)
         if last is not None:
             example.level = last.get("level_after", last["curriculum_level"])
             source["success"] = last.get("level_success") if example.level == last["curriculum_level"] else None
-            source["tasks"] = example.train_tasks(cfg.seed)
+            source["tasks"] = example.train_tasks(cfg.task_seed)
     values = ValueTable(cfg.value_samples, cfg.value_beta, cfg.skip_unsolved) if apo else None
     reference = model.base_model if apo else None
+    where = RUNS_AT[cfg.run] = {"step": model.step, "in_flight": False}  # what main says on Ctrl-C
+    default_lr = (await model.request("GET", f"/v1/runs/{model.name}")).get("default_learning_rate")
+    print(run_line(cfg.run, bool(model.created), model.step, cfg.steps, model.base_model,
+                   cfg.train.learning_rate or default_lr, cfg.groups_per_step, cfg.group_size, cfg.train.loss), flush=True)
+    if model.step >= cfg.steps:
+        print(nothing_to_train_line(cfg.run, model.step, cfg.steps), flush=True)
+    # When each sampled group's rollouts ended and it was scored (monotonic clock), by id: the step line's split.
+    group_times: dict[int, tuple[float, float]] = {}
+    clock: dict[str, float | None] = {"submitted": None, "train": None}
 
     async def eval_now() -> None:
-        step, by_domain = model.step, {}
-        reward = await evaluate(model, example, held_out, cfg.progress, step, by_domain, workers)
-        summary.evals.append({"step": step, "reward": reward, "wall_seconds": time.time() - summary.started,
+        step, by_domain, rewards = model.step, {}, []
+        reward = await evaluate(model, example, held_out, cfg.progress, step, by_domain, workers,
+                                seed=None if cfg.seed is None else derive_seed(cfg.seed, "eval", step), rewards=rewards)
+        summary.evals.append({"step": step, "reward": reward, "stderr": stderr_of(rewards),
+                              "wall_seconds": time.time() - summary.started,
                               **({"by_domain": by_domain} if by_domain else {})})
-        domains = ", ".join(f"{d} {_figure(r)}" for d, r in by_domain.items())
-        print(f"eval @ step {step}: reward {reward:.3f}" + (f" ({domains})" if domains else ""), flush=True)
+        domains = ", ".join(f"{d} {figure(r)}" for d, r in by_domain.items())
+        fell = held_out_decline(summary.evals, cfg.run, cfg.train.learning_rate or default_lr, cfg.keep_best)
+        said = "-" if reward is None else f"{reward:.3f}"
+        print(f"eval @ step {step}: reward {said}" + (f" ({domains})" if domains else "")
+              + (f"\n  warning: {fell}" if fell else ""), flush=True)
 
     async def check_level(step: int) -> None:
         """TinyZero's rule: the current level's held-out success, and one level up past the threshold."""
@@ -441,7 +480,7 @@ async def _train_loop(cfg: LoopConfig, example: Example, model: TrainableModel, 
         source["success"] = None if level != example.level else success
         if level != example.level:
             example.level = level
-            source["tasks"] = example.train_tasks(cfg.seed)
+            source["tasks"] = example.train_tasks(cfg.task_seed)
 
     async def sample(policy: str, index: int) -> TrajectoryGroup:
         # Tasks in the order groups start, from the seed: a synchronous run draws the tasks it always drew.
@@ -462,9 +501,13 @@ async def _train_loop(cfg: LoopConfig, example: Example, model: TrainableModel, 
                 task = tasks[rng.randrange(len(tasks))]
             else:
                 raise NothingToRegress(MAX_UNSOLVED_DRAWS, cfg.value_samples)
-        groups = await run_groups(model, example, [task], cfg.group_size, hook, progress=False,
-                                  policy=policy, max_exceptions=1.0, workers=workers)
+        marks: dict[str, float] = {}
+        groups = await run_groups(model, example, [task], cfg.group_size, _marking(hook, marks), progress=False,
+                                  policy=policy, max_exceptions=1.0, workers=workers,
+                                  seed=None if cfg.seed is None else derive_seed(cfg.seed, "train", policy.rpartition("@")[2], index))
         group = groups[0]
+        scored = time.monotonic()
+        group_times[id(group)] = (marks.get("rollouts_done", scored), scored)
         group.value = value
         if cfg.curriculum:
             for t in group.trajectories:
@@ -475,7 +518,10 @@ async def _train_loop(cfg: LoopConfig, example: Example, model: TrainableModel, 
         await eval_now()
     patience = Patience(cfg.patience)
     async def train_batch(groups: list[TrajectoryGroup], key: str) -> TrainResult:
+        clock["submitted"], where["in_flight"] = time.monotonic(), True
         result = await model.train(groups, train_cfg, idempotency_key=key)
+        clock["train"] = time.monotonic() - clock["submitted"]
+        where.update(step=model.step, in_flight=False)
         # Checked before the pipeline hears of the new step, so that (synchronously) the next
         # step's groups are drawn at the level this check decides.
         if cfg.curriculum and result.trained and cfg.curriculum.due(result.step):
@@ -487,9 +533,15 @@ async def _train_loop(cfg: LoopConfig, example: Example, model: TrainableModel, 
                         max_steps_off_policy=cfg.max_steps_off_policy, journal=Journal(cfg.out / "pending"),
                         retain=model.retain_adapters)
     # A step with nothing to train does not advance the run: patience ends a streak of those.
+    begun = time.monotonic()
     try:
         async with contextlib.aclosing(pipeline.steps(cfg.steps)) as outcomes:
             async for outcome in outcomes:
+                timing = StepTiming.measure(
+                    begun, time.monotonic(), [t for g in outcome.groups if (t := group_times.pop(id(g), None))],
+                    clock["submitted"] if outcome.result is not None else None, clock["train"],
+                    outcome.result.metrics.queue_seconds if outcome.result is not None else None)
+                clock.update(submitted=None, train=None)
                 level = example.level
                 if outcome.error is not None:  # an outage may pass: counted as an attempt, not fatal at once
                     attempt = failed_rollouts_record(model.step, outcome.error)
@@ -501,7 +553,13 @@ async def _train_loop(cfg: LoopConfig, example: Example, model: TrainableModel, 
                     level = max((x for x in levels if x is not None), default=level)
                     extra = curriculum_part(level, source["success"] if level == example.level else None) \
                         if cfg.curriculum else ""
-                    print(step_line(result, extra), flush=True)
+                    m = result.metrics
+                    collapsing = entropy_collapse(first_entropy(summary.history), result.step, m.entropy, m.reward_mean,
+                                                  m.groups_constant_solved, m.groups_total) if result.trained else None
+                    if collapsing:
+                        attempt["entropy_collapse"] = collapsing
+                    print(step_line(result, extra, timing) + (f"\n  warning: {collapsing}" if collapsing else ""),
+                          flush=True)
                     if (result.trained and cfg.eval_every and result.step % cfg.eval_every == 0
                             and result.step < cfg.steps):
                         await eval_now()
@@ -517,16 +575,22 @@ async def _train_loop(cfg: LoopConfig, example: Example, model: TrainableModel, 
                     attempt["judge"] = judged
                     print(judge_line(judged), flush=True)
                 attempt["wall_seconds"] = time.time() - summary.started
+                attempt["timing"] = timing.figures()
                 summary.history.append(attempt)
                 patience.record(attempt)
-                if patience.exhausted:
+                # Held-out 0 at step 0 and a first batch of nothing but 0: more attempts would only cost time.
+                hopeless = patience.hopeless(model.step, [e["reward"] for e in summary.evals if e["step"] == 0])
+                if patience.exhausted or hopeless:
                     verdict = patience.verdict(model.step, cfg.group_size, where=str(summary.path),
-                                               eval_rewards=tuple(e["reward"] for e in summary.evals))
+                                               eval_rewards=tuple(e["reward"] for e in summary.evals), early=hopeless)
                     summary.write(stopped={"cause": verdict.cause, "attempts": len(patience.streak),
                                            "message": str(verdict)})
                     plot(summary.history, summary.evals, cfg.out / "reward.png")
                     raise verdict
+                if not attempt["trained"]:
+                    print(retry_line(len(patience.streak), cfg.patience, model.step), flush=True)
                 summary.write()
+                begun = time.monotonic()  # the next attempt's time starts here (after any evaluation)
     except NothingToRegress as exc:  # A*-PO found no prompt the base model ever solves: said, and kept
         summary.write(stopped={"cause": exc.cause, "message": str(exc),
                                **(values.figures() if values is not None else {})})
@@ -534,8 +598,26 @@ async def _train_loop(cfg: LoopConfig, example: Example, model: TrainableModel, 
         raise
     if summary.evals[-1]["step"] != model.step:
         await eval_now()
+    if cfg.keep_best:
+        await serve_best(model, summary)
     plot(summary.history, summary.evals, cfg.out / "reward.png")
     return summary.write()
+
+
+async def serve_best(model: TrainableModel, summary: Summary) -> None:
+    """--keep-best: the run's name serves the best evaluated step when it is not the latest (the
+    server unpins it when the run trains its next step); the latest again when it is the best."""
+    best, latest = best_eval(summary.evals), summary.evals[-1]
+    if best is None or latest.get("reward") is None:
+        return
+    pinned = best["step"] != latest["step"]
+    answer = await model.request("PUT", f"/v1/runs/{model.name}/serving",
+                                 json={"step": best["step"] if pinned else None})
+    summary.keep_best = {"serving_step": answer["serving_step"], "reward": best["reward"],
+                         "latest_step": latest["step"], "latest_reward": latest["reward"]}
+    print(keep_best_line(model.name, best, latest) if pinned else
+          f"--keep-best: step {latest['step']} scored best on held-out ({latest['reward']:.3f}); run {model.name} "
+          f"serves it", flush=True)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -571,7 +653,9 @@ def main(
     epochs: int = typer.Option(1, help="Passes over each batch of rollouts (the clipped loss keeps them safe)."),
     eval_every: int = typer.Option(5),
     eval_tasks: int = typer.Option(64),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(None, help="Seed the task draws and the server's sampling of every rollout and "
+                                        "evaluation: the same command gives the same curve [default: tasks from "
+                                        "0, sampling unseeded]."),
     out: Path = typer.Option(Path("out/train")),
     reward: str = typer.Option("env", help="env (the environment's reward) or ruler (an LLM judge ranks each group)"),
     judge: str = typer.Option(None, help="The judge of --reward ruler, or of an example that judges its groups (default "
@@ -595,6 +679,9 @@ def main(
     ray_worker_concurrency: int = typer.Option(None, help="Rollouts one Ray worker runs at once [default: 32]."),
     debug: bool = typer.Option(False, "--debug", envvar="ARTISAN_DEBUG",
                                help="Show the full traceback of an error (also ARTISAN_DEBUG=1)."),
+    keep_best: bool = typer.Option(False, help="At the end, if an earlier evaluated step scored higher on held-out "
+                                               "tasks than the latest, serve it under the run's name (the next "
+                                               "trained step, from the latest weights, serves again)."),
 ) -> None:
     with cli_errors(debug):
         cfg = loop_config(server=server, api_key=api_key, run=run, project=project, example=example, steps=steps,
@@ -611,8 +698,13 @@ def main(
                           rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens,
                                              "temperature": temperature},
                           example_kwargs=example_options(list(ctx.args)),
-                          ray=ray_options(ray_address, ray_workers, ray_worker_concurrency))
-        summary = asyncio.run(train_loop(cfg, load_example(cfg.example, **cfg.example_kwargs)))
+                          ray=ray_options(ray_address, ray_workers, ray_worker_concurrency), keep_best=keep_best)
+        try:
+            summary = asyncio.run(train_loop(cfg, load_example(cfg.example, **cfg.example_kwargs)))
+        except KeyboardInterrupt:  # Ctrl-C: how to go on, not a traceback; 130 as a shell's 128 + SIGINT
+            at = RUNS_AT.get(cfg.run)
+            print(interrupted_line(at and at["step"], bool(at and at["in_flight"])), file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
         print(json.dumps({k: summary[k] for k in ("eval_reward_before", "eval_reward_after", "steps", "seconds", "judge")
                           if k in summary}))
 

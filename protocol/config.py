@@ -87,7 +87,11 @@ class TrainConfig(BaseModel):
     # Dropped groups still count in the loss normaliser, as they would at advantage 0 (see
     # server/training/losses.py:signal_share); False normalises over the trained groups alone.
     count_dropped_groups: bool = True
-    # A rebuilt context that differs from what the sampler saw is never trained silently.
+    # A choice whose prompt, rebuilt from the trajectory, differs from the one it was sampled after
+    # (edited or truncated history, a client that rendered it otherwise) is counted
+    # (prompt_mismatches) and, by default, not trained. False trains it anyway after the rebuilt
+    # prompt, counted as prompt_mismatches_trained: off-context, its sampler logprobs belong to
+    # another prompt (server/training/assemble.py).
     skip_mismatched_prompts: bool = True
     # The most steps a group's sampler may be behind the weights this step starts from (its
     # staleness, read from each choice's sampling record); staler groups are dropped and counted.

@@ -18,6 +18,11 @@ class StepMetrics(BaseModel):
     groups_total: int = 0
     groups_trainable: int = 0
     groups_dropped_constant: int = 0  # two or more rollouts, every one scored the same
+    # Of those, the groups whose every rollout scored the top reward (solved: good news, nothing left
+    # to learn there) or the bottom one (failed); the rest scored the same value in between.
+    # Top: the batch's best reward, or 1.0 when none is higher; bottom: its worst, or 0.0 (health.py).
+    groups_constant_solved: int = 0
+    groups_constant_failed: int = 0
     groups_dropped_single: int = 0  # one rollout: group-relative advantages need two
     groups_dropped_failed: int = 0  # every rollout failed (exceptions only)
     # Off-policy (protocol/staleness.py): how many steps each group's sampler was behind the
@@ -45,6 +50,7 @@ class StepMetrics(BaseModel):
     choices: int = 0
     trained_choices: int = 0
     prompt_mismatches: int = 0
+    prompt_mismatches_trained: int = 0  # of those, trained anyway: TrainConfig.skip_mismatched_prompts=False
     recovered_choices: int = 0  # choices sent without token ids, matched to what this server sampled
     unsampled_choices: int = 0  # choices this server never sampled: context only
     truncated_choices: int = 0
@@ -71,6 +77,9 @@ class StepMetrics(BaseModel):
     lora_update_norm: float | None = None
     learning_rate: float | None = None
     step_seconds: float | None = None
+    # Waiting at the server between the job's submission and the start of its training (other
+    # runs' jobs ahead of it at the trainer).
+    queue_seconds: float | None = None
     # Loading the new adapter into the engine once the checkpoint is written (the job's result only:
     # the checkpoint is written before it is known).
     publish_seconds: float | None = None

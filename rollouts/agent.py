@@ -21,6 +21,7 @@ from protocol.choices import Message, malformed_tool_call
 from protocol.retry import RetryPolicy
 from protocol.trajectory import Trajectory
 from rollouts.env import Environment, RolloutSettings, Task, ToolError
+from rollouts.seeding import next_request_seed
 
 
 class StopReason(str, Enum):
@@ -85,11 +86,14 @@ async def complete(client: AsyncOpenAI, model: str, messages: list[Message], too
     """One model turn, as every artisan rollout samples it: the returned Choice carries the token
     ids and logprobs training needs. Transient failures are retried; ContextOverflow when the
     prompt does not fit."""
+    # The settings' fixed seed (tests), else the seeded rollout's next one (rollouts/seeding.py); a
+    # retry of this call resends the same seed, so it samples what the first attempt would have.
+    seed = settings.seed if settings.seed is not None else next_request_seed()
     try:
         response = await retry.call(lambda: client.chat.completions.create(
             model=model, messages=messages, tools=tools or openai.NOT_GIVEN,
             max_tokens=settings.max_tokens, temperature=settings.temperature, top_p=settings.top_p,
-            seed=openai.NOT_GIVEN if settings.seed is None else settings.seed,
+            seed=openai.NOT_GIVEN if seed is None else seed,
             tool_choice=settings.tool_choice if settings.tool_choice is not None and tools else openai.NOT_GIVEN,
             parallel_tool_calls=openai.NOT_GIVEN if settings.parallel_tool_calls is None or not tools
             else settings.parallel_tool_calls))

@@ -69,13 +69,22 @@ def build_state(settings: Settings) -> ServerState:
     mib = 2**20
     runs = RunManager(host, engine, served, data_dir,
                       adapter_memory=settings.adapter_memory_mb * mib if settings.adapter_memory_mb else None,
-                      memory_reserve=settings.memory_reserve_mb * mib)
+                      memory_reserve=settings.memory_reserve_mb * mib, store=store)
     jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, settings.job_time_limit,
                       settings.max_job_optimizer_steps, make_optimizer(settings, host))
     sessions = Sessions(ttl=settings.session_ttl, max_sessions=settings.max_sessions,
                         max_exchanges=settings.session_max_exchanges, max_tokens=settings.session_max_tokens)
     return ServerState(settings, host, engine, served, runs, store, jobs, queue, sessions,
                        ResponseStore(ttl=settings.session_ttl), Owners(store))
+
+
+def bounded(problems: list[str], count: int = 20, length: int = 300) -> list[str]:
+    """/health's problems: one line each, at most `count` lines of `length` characters, and how many
+    more there are (a data directory of another model's runs must not make /health megabytes)."""
+    lines = [" ".join(p.split()) for p in problems]
+    lines = [p if len(p) <= length else p[: length - 3] + "..." for p in lines]
+    more = len(lines) - count
+    return lines if more <= 0 else [*lines[: count - 1], f"... and {more + 1} more problems (see the server's log)"]
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -105,8 +114,8 @@ def create_app(settings: Settings) -> FastAPI:
     async def health() -> JSONResponse:
         alive = state.engine.alive  # a 503 tells a load balancer or supervisor to act
         # Damaged data found at start: the server serves what it can (200), and says what it lost.
-        problems = [*state.store.problems, *state.runs.problems, *([state.jobs.fault] if state.jobs.fault else []),
-                    *(f"run {r.name}: {d}" for r in state.runs.all() for d in r.damaged)]
+        problems = bounded([*state.store.problems, *([state.jobs.fault] if state.jobs.fault else []),
+                            *state.runs.problem_lines()])
         status = "engine_down" if not alive else "degraded" if problems else "ok"
         return JSONResponse({"status": status, "model": state.host.name, **state.engine.load, "problems": problems},
                             status_code=200 if alive else 503)

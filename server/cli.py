@@ -59,6 +59,10 @@ def serve(
     dtype: str = typer.Option("auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or float16"),
     gradient_checkpointing: bool = typer.Option(False, help="Recompute activations in the backward pass: less "
                                                             "memory for long sequences, about a third more time."),
+    memory_budget: float = typer.Option(None, min=0.1, help="GB a training step may take art-server to (weights, caches "
+                                        "and the step's activations); micro-batches are cut to fit, and a step whose "
+                                        "longest sequence cannot is refused (default: its own use plus 90% of what "
+                                        "the machine has available when the step starts)."),
     vllm_python: str = typer.Option(None, help="--engine vllm: the Python with vllm installed (default: this one)."),
     vllm_gpu_memory_utilization: float = typer.Option(0.45, min=0.05, max=0.95, help="--engine vllm: its share of "
                                                       "the GPU's memory; the trainer needs the rest."),
@@ -110,7 +114,8 @@ def serve(
                         port=port, api_key=api_key or None, tenant_keys=tenants,
                         max_runs_per_key=max_runs_per_key, max_connections_per_ip=max_connections_per_ip,
                         header_timeout=header_timeout, data_dir=data_dir, cache_dir=cache_dir, engine=engine, device=device, dtype=dtype,
-                        gradient_checkpointing=gradient_checkpointing, vllm_python=vllm_python,
+                        gradient_checkpointing=gradient_checkpointing, memory_budget=memory_budget,
+                        vllm_python=vllm_python,
                         vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, vllm_max_lora_rank=vllm_max_lora_rank,
                         vllm_max_loras=vllm_max_loras, replicas=replicas, train_processes=train_processes,
                         ray_address=ray_address, max_batch=max_batch, max_waiting=max_waiting,

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from server.chat.format import ChatFormat
+from server.memory import GB
 from server.model_source import resolve, served_name
 from server.settings import Settings
 
@@ -86,6 +87,23 @@ def lora_targets(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
+def linear_modules(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """In and out features of each linear layer in the decoder blocks, by module path (what a LoRA
+    checkpoint's keys name; read before any adapter wraps them)."""
+    return {name: (m.in_features, m.out_features) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and re.search(r"\.layers\.\d+\.", name)}
+
+
+def base_fingerprint(model: torch.nn.Module, config: Any) -> str:
+    """What a run's checkpoints depend on: the architecture and every parameter's name and shape.
+    No weight is read, so it costs nothing and stays the same across devices, dtypes, paths and a
+    GGUF's conversion of the same model; two models that differ in any shape differ here."""
+    h = hashlib.sha256(str(getattr(config, "model_type", "")).encode())
+    for name, p in model.named_parameters():
+        h.update(f";{name}:{tuple(p.shape)}".encode())
+    return h.hexdigest()[:16]
+
+
 def linear_shapes(model: torch.nn.Module) -> list[tuple[str, int, int]]:
     """Leaf name, in and out features of each linear layer in the decoder blocks (read before any
     adapter wraps them)."""
@@ -135,9 +153,12 @@ class ModelHost:
         self.context_window = context_window(self.config)
         self.lora_targets = lora_targets(model)
         self.linear_shapes = linear_shapes(model)
+        self.linear_modules = linear_modules(model)
         self.fingerprint = self._fingerprint()
+        self.base_fingerprint = base_fingerprint(model, self.config)  # which runs are this model's
         self.n_params = sum(p.numel() for p in model.parameters())
         self.gradient_checkpointing = False
+        self.memory_budget: int | None = None  # bytes training may take the process to (None: what the machine has)
 
     @property
     def family(self) -> str:
@@ -159,7 +180,7 @@ class ModelHost:
     # ---- adapters (call with `lock` held) ------------------------------------------------------
     @property
     def has_adapters(self) -> bool:
-        return self.model is not self.base_model
+        return self.model is not self.base_model and bool(self.model.peft_config)
 
     def add_adapter(self, adapter: str, lora_config: Any, state: dict[str, torch.Tensor] | None = None) -> None:
         from peft import PeftModel, get_peft_model, set_peft_model_state_dict
@@ -169,6 +190,8 @@ class ModelHost:
             self.model.eval()  # peft refuses mixed-adapter batches in training mode; no dropout anyway
         else:
             self.model.add_adapter(adapter, lora_config)
+            if self.model.active_adapter not in self.model.peft_config:  # the last one was deleted
+                self.model.set_adapter(adapter)
         if state is not None:
             set_peft_model_state_dict(self.model, state, adapter_name=adapter)
         for p in self.adapter_params(adapter):
@@ -195,7 +218,9 @@ class ModelHost:
     def forward(self, input_ids: torch.Tensor, adapters: list[str | None], **kwargs) -> Any:
         """A forward pass where each row uses its own adapter (None = base)."""
         if not self.has_adapters:
-            return self.model(input_ids=input_ids, **kwargs)
+            # Not through peft once its last adapter is deleted: it still names that one active, and
+            # fails; the wrapped layers without an adapter are the base model's.
+            return self.base_model(input_ids=input_ids, **kwargs)
         names = [a if a is not None else BASE for a in adapters]
         return self.model(input_ids=input_ids, adapter_names=names, **kwargs)
 
@@ -234,6 +259,8 @@ def load_model(settings: Settings) -> ModelHost:
                      aliases=(settings.model, *names))
     if settings.gradient_checkpointing:
         host.enable_gradient_checkpointing()
+    if settings.memory_budget is not None:
+        host.memory_budget = int(settings.memory_budget * GB)
     _warn_unrendered_tools(host, settings)
     return host
 

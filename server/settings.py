@@ -41,6 +41,9 @@ class Settings(BaseModel):
     device: str = "auto"
     dtype: str = "auto"
     gradient_checkpointing: bool = False
+    # GB a training step may take the process to; None: its own use plus 90% of what the machine has
+    # available (server/training/memory.py).
+    memory_budget: float | None = None
     # --engine vllm: the vLLM server process art-server starts beside itself (server/engine/vllm.py)
     vllm_python: str | None = None  # the Python that has vllm installed (default: art-server's own)
     vllm_gpu_memory_utilization: float = 0.45  # vLLM's share of the GPU; the trainer uses the rest

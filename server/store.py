@@ -60,6 +60,11 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE runs ADD COLUMN owner TEXT;
     """,
+    # 5: the base model each run belongs to (server/training/base_models.py); NULL for runs made before
+    """
+    ALTER TABLE runs ADD COLUMN base_model TEXT;
+    ALTER TABLE runs ADD COLUMN base_fingerprint TEXT;
+    """,
 ]
 # How an attempt ended. Only "trained" advanced the run; "untrained" had nothing to train (its
 # warnings say why); "interrupted" was being committed when the server stopped, before its checkpoint.
@@ -131,11 +136,15 @@ class Store:
         self._write([("INSERT OR IGNORE INTO runs (name, project, spec, created, owner) VALUES (?, ?, ?, ?, ?)",
                       (name, project, json.dumps(spec), time.time(), owner))])
 
+    def record_run_base(self, name: str, base_model: str, fingerprint: str) -> None:
+        self._write([("UPDATE runs SET base_model = ?, base_fingerprint = ? WHERE name = ?", (base_model, fingerprint, name))])
+
     def forget_run(self, name: str) -> None:
         self._write([("DELETE FROM runs WHERE name = ?", (name,))])
 
     def runs(self) -> list[dict[str, Any]]:
-        return self._rows("SELECT name, project, spec, created, owner FROM runs ORDER BY created")
+        return self._rows("SELECT name, project, spec, created, owner, base_model, base_fingerprint FROM runs "
+                          "ORDER BY created")
 
     def delete_run(self, name: str) -> None:
         """Everything stored of a run, in one transaction: a run made again under its name starts empty

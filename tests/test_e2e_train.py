@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -31,7 +32,16 @@ def test_client_train_runs_logs_plots_and_resumes(fresh_server, tmp_path):
     proc = _train(srv, out, 2, "--patience", "10")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "step   1 | reward" in proc.stdout and "logprob_gap" in proc.stdout
+    assert proc.stdout.splitlines()[0] == "run e2e: created on artisan-tiny | lr 1e-3 | 4 groups x 4 | loss ppo"
+    # each step's time is its wall time, split into what it waited on
+    for line in (x for x in proc.stdout.splitlines() if x.startswith("step ")):
+        wall, *parts = map(float, re.search(r"\| (\S+)s \(sample (\S+), score (\S+), queue (\S+), train (\S+)\)$",
+                                            line).groups())
+        sample, score, queue, train = parts
+        assert sample > 0 and train > 0 and sum(parts) <= wall + 0.3, line
     summary = json.loads((out / "summary.json").read_text())
+    for h in summary["history"]:
+        assert h["queue_seconds"] is not None and h["timing"]["train_seconds"] > 0
     assert {"eval_reward_before", "eval_reward_after", "steps", "seconds"} <= set(summary)
     assert summary["steps"] == 2 and [e["step"] for e in summary["evals"]] == [0, 2]
     assert all(0.0 <= e["reward"] <= 1.0 for e in summary["evals"])
@@ -48,10 +58,18 @@ def test_client_train_runs_logs_plots_and_resumes(fresh_server, tmp_path):
     proc = _train(srv, out, 3, "--patience", "10")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step   3 |" in proc.stdout and "step   1 " not in proc.stdout
+    assert proc.stdout.startswith("run e2e: resumed at step 2 of 3 on artisan-tiny | lr 1e-3 |")
     resumed = json.loads((out / "summary.json").read_text())
     assert [e["step"] for e in resumed["evals"]] == [0, 2, 3]
     assert [h["step"] for h in resumed["history"] if h["trained"]] == [1, 2, 3]  # an untrained try keeps its step
     assert resumed["eval_reward_before"] == summary["eval_reward_before"]
+
+    # the same command again: the run is there already, and the line says so before the summary
+    proc = _train(srv, out, 3, "--patience", "10")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[1] == "run e2e is already at step 3 (--steps 3): nothing to train; --steps 6 trains 3 more"
+    assert json.loads(lines[-1])["steps"] == 3 and len(lines) == 3
 
 
 def test_a_run_that_starts_over_starts_its_own_record(tmp_path):

@@ -12,7 +12,8 @@ import pytest
 import client
 from client.errors import ConfigError
 from client.ray_rollouts import (CLIENT_PACKAGES, RayWorkers, address_host_port, least_busy, lost_message,
-                                 loopback_unreachable, package_dirs, packages_to_ship)
+                                 loopback_unreachable, not_started_line, package_dirs, packages_to_ship,
+                                 started_within)
 from client.train import LoopConfig, loop_config, ray_options
 from tests.conftest import ROOT, free_port
 
@@ -98,3 +99,25 @@ def test_a_ray_address_where_nothing_answers_is_one_line_at_once():
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.startswith(f"error: --ray-address 127.0.0.1:{port}: nothing answers there")
     assert proc.stderr.count("\n") == 1
+
+
+def test_a_start_that_waits_for_the_cluster_says_what_it_waits_for(capsys):
+    """`--ray-address auto` beside `art-server --replicas 2` on a 2-CPU machine: the replicas held
+    both CPUs and the client printed nothing for 150 s. A start that takes longer than a few
+    seconds says so once, with the CPUs it needs and the cluster's free ones."""
+    import asyncio
+
+    async def slow(seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "started"
+
+    line = not_started_line(2, {"CPU": 0.0}, {"CPU": 2.0})
+    assert line.startswith("ray: waiting for 2 CPUs for the 2 rollout workers (0 of the cluster's 2 are free")
+    assert "--ray-workers" in line and "ray start --num-cpus" in line
+    assert "installing" in not_started_line(2, {"CPU": 6.0}, {"CPU": 8.0})  # CPUs are free: something else
+    assert asyncio.run(started_within(slow(0.3), 5.0, lambda: line, notice_after=0.05)) == "started"
+    assert capsys.readouterr().err == line + "\n"
+    assert asyncio.run(started_within(slow(0.0), 5.0, lambda: line, notice_after=0.5)) == "started"
+    assert capsys.readouterr().err == ""  # a quick start says nothing
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(started_within(slow(5.0), 0.2, lambda: line, notice_after=0.05))

@@ -89,6 +89,9 @@ def test_readme_section_runs_as_written(title, tmp_path):
                 assert done.returncode == 0, f"`{command}` exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}"
                 if "examples.quickstart" in command:
                     assert "trained True" in done.stdout, done.stdout
+                if "-m client.train" in command:  # the first line the section shows is the one it prints
+                    shown = re.search(r"^run \S+: created on .*$", section(README.read_text(), title), re.M)
+                    assert shown and done.stdout.splitlines()[0] == shown.group(0), done.stdout[:500]
     finally:
         for proc in servers:
             proc.terminate()

@@ -12,8 +12,11 @@ import os
 import subprocess
 import sys
 
+import httpx
+
 from client.errors import EXIT_CANNOT_LEARN
 from client.patience import Patience, diagnose
+from client.report import short_float
 from tests.conftest import ROOT
 
 
@@ -95,6 +98,30 @@ def test_the_most_frequent_cause_wins_and_a_trained_attempt_resets_the_count():
     assert str(verdict).endswith("The attempts are in out/summary.json.") and "\n" not in str(verdict)
 
 
+def test_no_reward_anywhere_at_step_0_stops_after_the_first_attempt():
+    """Held-out reward exactly 0 at step 0, and a first batch whose every rollout scored 0: said at
+    once, not after --patience full batches of the same."""
+    patience = Patience(limit=3)
+    patience.record(_attempt())
+    assert patience.hopeless(0, [0.0]) and not patience.exhausted
+    text = str(patience.verdict(step=0, eval_rewards=(0.0,), early=True))
+    assert text.startswith("Stopped after the first training attempt, without waiting for --patience 3: it trained "
+                           "nothing and the held-out evaluation scored 0 too, so the run stays at step 0.")
+    assert "Every rollout scored 0.0" in text and "never earns reward" in text
+    assert not patience.hopeless(0, [0.125])  # held-out reward was seen
+    assert not patience.hopeless(0, [])  # no held-out evaluation of step 0
+    assert not patience.hopeless(3, [0.0])  # a run that trained before
+    for first in (_attempt(rewards=(0.5,)), _attempt(trained=True, rewards=(0.0, 1.0), constant=1),
+                  _attempt(largest=1)):  # a reward other than 0, a step that trained, groups of one
+        other = Patience(limit=3)
+        other.record(first)
+        assert not other.hopeless(0, [0.0])
+    later = Patience(limit=3)
+    later.record(_attempt(rewards=(0.5,)))
+    later.record(_attempt())
+    assert not later.hopeless(0, [0.0])  # only the first attempt decides
+
+
 def _train(srv, out, run: str, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "client.train", "--server", srv.url, "--run", run, "--out", str(out),
            "--no-progress", "--eval-every", "0", *args]
@@ -104,26 +131,37 @@ def _train(srv, out, run: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_retail_on_the_embedded_model_stops_naming_constant_rewards(fresh_server_module, tmp_path):
     """The embedded model never solves a retail task: every rollout scores 0.0. The loop used to
-    retry for 34 minutes and exit 0 at step 0; it must stop after --patience (3) attempts."""
+    retry for 34 minutes and exit 0 at step 0, then stopped after --patience (3) attempts (7.5
+    minutes at the default size); held-out 0 at step 0 and a first batch of nothing but 0 say it
+    after one attempt."""
     srv = fresh_server_module()
     out = tmp_path / "retail"
     proc = _train(srv, out, "retail-stops", "--example", "retail", "--steps", "5", "--groups-per-step", "2",
                   "--group-size", "2", "--eval-tasks", "2", "--max-turns", "2", "--max-tokens", "24")
     assert proc.returncode == EXIT_CANNOT_LEARN, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # the first line: a new run, on the server's model, at the learning rate the server derives for it
+    default_lr = httpx.get(f"{srv.url}/v1/runs/retail-stops", timeout=30).json()["default_learning_rate"]
+    assert proc.stdout.splitlines()[0] == (f"run retail-stops: created on artisan-tiny | lr {short_float(default_lr)} | "
+                                           f"2 groups x 2 | loss ppo")
     assert "Traceback" not in proc.stderr
     message = proc.stderr.strip()
     assert "Every rollout scored 0.0" in message and "never earns reward" in message and "\n" not in message
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped"]["message"] == message and summary["stopped"]["cause"] == "constant_reward"
-    assert len(summary["history"]) == 3 and not any(h["trained"] for h in summary["history"])
-    assert summary["steps"] == 0 and all(h["reward_values"] == [0.0] for h in summary["history"])
-    assert proc.stdout.count("not trained |") == 3
+    assert summary["stopped"]["attempts"] == 1 and len(summary["history"]) == 1
+    assert not summary["history"][0]["trained"] and summary["history"][0]["reward_values"] == [0.0]
+    assert summary["steps"] == 0 and summary["evals"] == [summary["evals"][0]] and summary["evals"][0]["reward"] == 0
+    assert proc.stdout.count("not trained |") == 1 and "without waiting for --patience 3" in message
 
 
 def test_group_size_one_stops_with_its_own_cause(fresh_server_module, tmp_path):
     srv = fresh_server_module()
     proc = _train(srv, tmp_path, "one-per-group", "--example", "demo", "--steps", "2", "--groups-per-step", "2",
-                  "--group-size", "1", "--eval-tasks", "2", "--patience", "1")
+                  "--group-size", "1", "--eval-tasks", "2", "--patience", "2")
     assert proc.returncode == EXIT_CANNOT_LEARN, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "--group-size 1" in proc.stderr and "Stopped: 1 training attempt in a row" in proc.stderr
+    assert "--group-size 1" in proc.stderr and "Stopped: 2 training attempts in a row" in proc.stderr
+    # between the two attempts, a line says that nothing trained and that another batch is coming
+    lines = proc.stdout.splitlines()
+    retry = "  nothing trained (1 of 2 attempts in a row, --patience 2): the run stays at step 0; sampling another batch"
+    assert lines.count(retry) == 1 and lines.index(retry) < [i for i, x in enumerate(lines) if "not trained |" in x][1]
     assert json.loads((tmp_path / "summary.json").read_text())["stopped"]["cause"] == "group_size_1"

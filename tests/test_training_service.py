@@ -44,12 +44,17 @@ def test_constant_rewards_train_nothing_and_say_so(server):
     async def go():
         model = await TrainableModel("constant").register(server.url)
         groups = await _groups(model, 2, 4)
-        for rewards in ([[1, 1, 1, 1], [1, 1, 1, 1]], [[0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1]]):
+        # every rollout solved, failed, or the same reward in between: the figures say which
+        for rewards, split, said in (([[1, 1, 1, 1], [1, 1, 1, 1]], (2, 0), "solved its task"),
+                                     ([[0, 0, 0, 0], [0, 0, 0, 0]], (0, 2), "failed its task"),
+                                     ([[0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1]], (0, 0), "no signal")):
             result = await model.train(_with_rewards(groups, rewards))
             assert not result.trained
             assert result.step == 0 and await model.get_step() == 0
             assert result.metrics.groups_dropped_constant == 2
-            assert any("same reward" in w for w in result.warnings)
+            assert (result.metrics.groups_constant_solved, result.metrics.groups_constant_failed) == split
+            assert any("same reward" in w and said in w for w in result.warnings), result.warnings
+            assert result.metrics.queue_seconds is not None and result.metrics.queue_seconds >= 0
     asyncio.run(go())
 
 

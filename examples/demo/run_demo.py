@@ -42,6 +42,8 @@ def main(port: int = 8765, out: Path = Path("out/demo"), steps: int = typer.Opti
     total = time.time() - started
     print(f"\nheld-out reward {summary['eval_reward_before']:.3f} -> {summary['eval_reward_after']:.3f} "
           f"in {summary['steps']} steps, {total:.0f}s including server start; plot: {out / 'reward.png'}")
+    # The server stops with the demo; its data dir keeps the run for the web UI.
+    print(f"browse the run: art-server --data-dir {data} --port 8000, then http://127.0.0.1:8000/ui/")
     (out / "demo.json").write_text(json.dumps({**{k: summary[k] for k in ("eval_reward_before", "eval_reward_after",
                                                                            "steps")}, "seconds_total": total}))
 

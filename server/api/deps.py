@@ -71,9 +71,16 @@ def may_see_run(state: ServerState, who: Caller, name: str) -> bool:
     return who.may_see(state.owners.owner(name))
 
 
+def other_model(message: str) -> APIError:
+    """A run of another base model than this server's, named in a request or a registration."""
+    return APIError(409, message, param="name", code="run_of_another_model")
+
+
 def get_run(name: RunName, state: State, who: CallerDep) -> Run:
     run = state.runs.get(name)
     if run is None or not may_see_run(state, who, name):
+        if may_see_run(state, who, name) and (why := state.runs.other_model(name)) is not None:
+            raise other_model(why)
         raise run_not_found(name)
     return run
 

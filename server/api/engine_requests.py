@@ -12,7 +12,7 @@ import asyncio
 from fastapi import Request
 
 from server.api.auth import Caller
-from server.api.deps import ServerState, may_see_run
+from server.api.deps import ServerState, may_see_run, other_model
 from server.api.errors import APIError
 from server.engine.base import EngineFull, GenRequest, Unsupported
 from server.engine.sampling import SamplingParams
@@ -36,10 +36,13 @@ def _run_named(state: ServerState, model: str) -> str | None:
 
 async def resolve_policy(state: ServerState, model: str, who: Caller) -> Policy:
     """`model` as a run name (its latest step), `name@step` or the base model; a 404 otherwise,
-    and for another tenant's run (checked before an older step is loaded for it)."""
+    and for another tenant's run (checked before an older step is loaded for it); a 409 for a run of
+    another base model."""
     run = _run_named(state, model)
     visible = run is None or may_see_run(state, who, run)
     policy = await asyncio.to_thread(state.runs.resolve, model) if visible else None
+    if policy is None and visible and run is not None and (why := state.runs.other_model(run)) is not None:
+        raise other_model(why)  # `run` or `run@step` of a run this model cannot load
     if policy is None:
         raise APIError(404, f"model {model!r} does not exist; served: {', '.join(served_names(state, who))}",
                        param="model", code="model_not_found")

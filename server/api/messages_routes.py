@@ -40,13 +40,8 @@ async def create_message(body: MessagesRequest, request: Request, state: State):
 
 
 @router.post("/v1/sessions/{session_id}/messages", responses=documented(403, 404, 409, 429))
-async def create_message_in_session(session_id: SessionId, body: MessagesRequest, request: Request, state: State):
-    return await _message(body, request, state, open_session(state, session_id, request))
-
-
 @router.post("/v1/sessions/{session_id}/v1/messages", include_in_schema=False)
-async def create_message_in_session_sdk_path(session_id: SessionId, body: MessagesRequest, request: Request,
-                                             state: State):
+async def create_message_in_session(session_id: SessionId, body: MessagesRequest, request: Request, state: State):
     return await _message(body, request, state, open_session(state, session_id, request))
 
 

@@ -2,8 +2,9 @@
 
 The request goes the one path every face shares (server/api/completions.py) and is answered with
 choices that carry what training needs (server/api/chat_choices.py); the response carries
-`prompt_token_ids`. Under `/v1/sessions/{id}/` the same routes record every exchange for the
-session (server/sessions.py).
+`prompt_token_ids`. Under `/v1/sessions/{id}/` (and `/v1/sessions/{id}/v1/`, for a session base URL
+given with the `/v1` an OpenAI base URL usually ends in) the same routes record every exchange for
+the session (server/sessions.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ async def list_models(state: State, who: CallerDep) -> dict[str, Any]:
 
 
 @router.get("/v1/sessions/{session_id}/models")
+@router.get("/v1/sessions/{session_id}/v1/models", include_in_schema=False)
 async def list_models_in_session(session_id: SessionId, state: State, who: CallerDep) -> dict[str, Any]:
     return await list_models(state, who)
 
@@ -46,6 +48,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
 
 
 @router.post("/v1/sessions/{session_id}/chat/completions", responses=documented(403, 404, 409, 429))
+@router.post("/v1/sessions/{session_id}/v1/chat/completions", include_in_schema=False)
 async def chat_completions_in_session(session_id: SessionId, body: ChatCompletionRequest, request: Request,
                                       state: State):
     return await _chat(body, request, state, open_session(state, session_id, request))

@@ -7,7 +7,8 @@ carries what training needs: `prompt_token_ids`, `token_ids`, `logprobs` and `sa
 chat choice does. A stream sends Responses' events; `response.completed` holds all of that.
 
 A response is kept for `previous_response_id` (server/response_store.py) unless `store` is false.
-Under `/v1/sessions/{id}/` every exchange is also recorded for the session (server/sessions.py).
+Under `/v1/sessions/{id}/` (or `/v1/sessions/{id}/v1/`) every exchange is also recorded for the
+session (server/sessions.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
 
 
 @router.post("/v1/sessions/{session_id}/responses", responses=documented(403, 404, 409, 429))
+@router.post("/v1/sessions/{session_id}/v1/responses", include_in_schema=False)
 async def create_response_in_session(session_id: SessionId, body: ResponsesRequest, request: Request, state: State):
     return await _respond(body, request, state, open_session(state, session_id, request))
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -15,15 +15,16 @@ from protocol.config import RunSpec
 from protocol.jobs import TERMINAL_EVENTS, JobRequest, RLJob, SFTJob
 from protocol.trajectory import TrajectoryGroup
 from server.api.auth import Caller, CallerDep, require_api_key
-from server.api.deps import RunDep, ServerState, State, may_see_run
+from server.api.deps import RunDep, ServerState, State, may_see_run, other_model
 from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.store import trajectory_rows
-from server.training import bounds
+from server.training import bounds, pins
 from server.training.assemble import AssemblyError, check_submission
 from server.training.jobs import ACTIVE, KeyConflict
 from server.ownership import NameTaken, RunLimit
-from server.training.runs import Run, RunConflict
+from server.training.leases import LEASE_SECONDS, LeaseHeld
+from server.training.runs import OtherModel, Run, RunConflict
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))
@@ -67,6 +68,8 @@ async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, A
     except BaseException as e:
         if claimed:
             state.owners.release(spec.name)
+        if isinstance(e, OtherModel):
+            raise other_model(str(e)) from None
         if isinstance(e, RunConflict):
             raise APIError(409, str(e), param="lora", code="run_conflict") from None
         if isinstance(e, bounds.TooLarge):  # depends on the runs there are: deleting one can make room
@@ -106,7 +109,44 @@ async def delete_run(run: RunDep, state: State) -> dict[str, Any]:
     return {"deleted": run.name, "step": run.step}
 
 
-@router.post("/v1/runs/{name}/jobs", status_code=202, responses=RUN)
+class LeaseRequest(BaseModel):
+    lease_id: str = Field(pattern=r"^[0-9a-f]{16,64}$", description="the client's own random id")
+    seconds: float = Field(default=LEASE_SECONDS, ge=1, le=3600, description="until it expires unless renewed")
+
+
+def lease_conflict(e: LeaseHeld) -> APIError:
+    return APIError(409, str(e), param="name", code="run_trained_by_another_client")
+
+
+def check_lease(run: RunDep, state: State, lease: Annotated[str | None, Header(alias="X-Artisan-Lease",
+                                                                             max_length=64)] = None) -> None:
+    """A job is queued unless another client holds the run's lease (server/training/leases.py)."""
+    try:
+        state.runs.leases.check(run.name, lease)
+    except LeaseHeld as e:
+        raise lease_conflict(e)
+
+
+LeaseChecked = Depends(check_lease)
+
+
+@router.put("/v1/runs/{name}/lease", responses=RUN)
+async def hold_lease(run: RunDep, body: LeaseRequest, state: State) -> dict[str, Any]:
+    """Take the run for this client, or renew it (the same id); a 409 while another client has it."""
+    try:
+        lease = state.runs.leases.hold(run.name, body.lease_id, body.seconds)
+    except LeaseHeld as e:
+        raise lease_conflict(e)
+    return {"run": run.name, "lease_id": lease.id, "since": lease.since, "seconds": lease.seconds}
+
+
+@router.delete("/v1/runs/{name}/lease/{lease_id}", responses=RUN)
+async def release_lease(run: RunDep, lease_id: Annotated[str, Path(pattern=r"^[0-9a-f]{16,64}$")],
+                        state: State) -> dict[str, Any]:
+    return {"run": run.name, "released": state.runs.leases.release(run.name, lease_id)}
+
+
+@router.post("/v1/runs/{name}/jobs", status_code=202, responses=RUN, dependencies=[LeaseChecked])
 async def submit_job(run: RunDep, state: State, job: JobRequest) -> dict[str, Any]:
     return await queue_job(state, run, job)
 
@@ -240,3 +280,27 @@ async def list_trajectories(run: RunDep, state: State, step: int | None = Query(
     """Stored trajectories with their token ids and logprobs (what was trained or logged)."""
     rows = await asyncio.to_thread(state.store.trajectories, run.name, step, split)
     return {"data": rows}
+
+
+class ServingRequest(BaseModel):
+    step: int | None = Field(ge=0, le=INT64, description="the step the run's name serves until the run trains its "
+                                                        "next step; null: its latest")
+
+
+@router.put("/v1/runs/{name}/serving", responses=RUN, dependencies=[LeaseChecked])
+async def serve_step(run: RunDep, body: ServingRequest, state: State) -> dict[str, Any]:
+    """Pin what the run's bare name serves to an earlier step (its best on held-out tasks, say), or
+    back to its latest. `name@N` keeps serving every step; training goes on from the latest weights,
+    and the run's next trained step is served under its name again. Survives a restart."""
+    try:
+        await asyncio.to_thread(pins.pin, state.runs, run, body.step)
+    except KeyError:
+        if body.step in {s["step"] for s in await asyncio.to_thread(state.store.steps, run.name)}:
+            raise APIError(409, f"run {run.name!r} trained step {body.step}, but its checkpoint was deleted: it "
+                                f"cannot be served (GET /v1/runs/{run.name}/checkpoints lists the steps that can)",
+                           param="step", code="checkpoint_not_found") from None
+        raise APIError(404, f"run {run.name!r} has no step {body.step} (its latest is step {run.step})",
+                       param="step", code="step_not_found") from None
+    pinned = run.serving_step
+    return {"run": run.name, "serving_step": run.step if pinned is None else pinned, "latest_step": run.step,
+            "pinned": pinned is not None}

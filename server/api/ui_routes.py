@@ -59,7 +59,9 @@ def _known_runs(state: ServerState, who: Caller) -> dict[str, dict[str, Any]]:
     caller may see."""
     out = {r["name"]: {"name": r["name"], "project": r["project"], "step": None} for r in state.store.runs()}
     for run in state.runs.all():
-        out[run.name] = {"name": run.name, "project": run.spec.project, "step": run.step}
+        out[run.name] = {"name": run.name, "project": run.spec.project, "step": run.step,
+                         # what the bare name serves: an earlier step while one is pinned (--keep-best)
+                         "serving_step": run.step if run.serving_step is None else run.serving_step}
     return {name: run for name, run in out.items() if may_see_run(state, who, name)}
 
 
@@ -75,6 +77,15 @@ def _curves(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     for r in rows:
         curves.setdefault(r["split"], []).append({"step": r["step"], "n": r["n"], "reward_mean": r["reward_mean"]})
     return curves
+
+
+def best_held_out(points: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluated step with the highest mean held-out ("val") reward, the earliest on ties."""
+    scored = [p for p in points if p["reward_mean"] is not None]
+    if not scored:
+        return None
+    best = max(scored, key=lambda p: (p["reward_mean"], -p["step"]))
+    return {"step": best["step"], "reward": best["reward_mean"], "n": best["n"]}
 
 
 @api.get("/runs")
@@ -95,7 +106,7 @@ async def ui_run(name: RunName, state: State, who: CallerDep) -> dict[str, Any]:
     steps = await asyncio.to_thread(store.steps, name)
     curves = _curves(await asyncio.to_thread(store.reward_by_step, name))
     return {**run, "steps": [{k: s[k] for k in ("step", "kind", "metrics", "warnings")} for s in steps],
-            "rewards": curves}
+            "rewards": curves, "best_held_out": best_held_out(curves.get("val", []))}
 
 
 @api.get("/runs/{name}/attempts", responses=documented(404, 409))

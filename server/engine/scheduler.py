@@ -22,6 +22,7 @@ from server.engine.constraints import ConstraintState
 from server.engine.kv_cache import BatchKV
 from server.engine.prefix_cache import Hit, PrefixCache
 from server.engine.sampling import sample
+from server.memory import trim
 from server.model_host import ModelHost
 
 if TYPE_CHECKING:
@@ -125,6 +126,8 @@ class TorchEngine:
                 for req in {id(s.request): s.request for s in self._rows + admitted}.values():
                     req.emit("error", exc)
                 self._rows, self._kv = [], None
+            if not self._rows and not self._waiting:
+                trim()  # the batch's K/V and prefill buffers go back to the machine while nothing decodes
 
     def _admit(self) -> list[DecodeSequence]:
         """Waiting sequences in arrival order, as rows allow, at most `rows_per_request` each."""

@@ -3,9 +3,11 @@
 Each Choice's prompt is rebuilt with the renderer the server sampled with, splicing every earlier
 sampled turn in as its exact ids, and checked against the fingerprint the sampler recorded. A
 choice whose prompt cannot be reproduced is not trained on (its tokens stay in the context of
-later turns) and is counted. Consecutive turns whose prompts extend each other share one sequence,
-so a multi-turn rollout costs one forward pass; a turn whose prompt does not extend the last one
-(the template rewrote history) starts a sequence of its own, with the same advantage.
+later turns) and is counted; with `train_mismatched` (TrainConfig.skip_mismatched_prompts=False)
+it is trained after the prompt rebuilt here, and counted as that too. Consecutive turns whose
+prompts extend each other share one sequence, so a multi-turn rollout costs one forward pass; a
+turn whose prompt does not extend the last one (the template rewrote history) starts a sequence of
+its own, with the same advantage.
 
 A Choice that lost its token ids on the way (a streamed choice rebuilt by the client, litellm's
 rebuilt choices) is matched to what this server sampled (server/chat/sampled_turns.py, the same
@@ -60,6 +62,7 @@ class AssemblyStats:
     choices: int = 0
     trained_choices: int = 0
     prompt_mismatches: int = 0
+    prompt_mismatches_trained: int = 0  # of those, trained anyway (TrainConfig.skip_mismatched_prompts=False)
     recovered_choices: int = 0
     unsampled_choices: int = 0
     truncated_choices: int = 0
@@ -187,7 +190,8 @@ def _never() -> bool:
 
 
 def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = False,
-                     should_stop: Callable[[], bool] = _never) -> tuple[list[TrainSequence], AssemblyStats]:
+                     should_stop: Callable[[], bool] = _never, train_mismatched: bool = False
+                     ) -> tuple[list[TrainSequence], AssemblyStats]:
     stats = AssemblyStats()
     items = history.messages_and_choices
     messages = [as_message(i) for i in items]
@@ -222,9 +226,10 @@ def assemble_history(history: History, chat: ChatFormat, mask_truncated: bool = 
         matches = (prompt.whole is not None or
                    fingerprint(prompt.ids[: prompt.length]) == s.sampling.prompt_fingerprint)
         truncated = item.finish_reason == "length"
-        trained = matches and not (truncated and mask_truncated)
+        trained = (matches or train_mismatched) and not (truncated and mask_truncated)
         stats.truncated_choices += truncated
         stats.prompt_mismatches += not matches
+        stats.prompt_mismatches_trained += trained and not matches
         stats.trained_choices += trained
         n = len(current.ids) if current is not None else 0
         if current is not None and n <= prompt.length and (

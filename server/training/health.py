@@ -37,9 +37,7 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
         w.append(f"{which} had one trajectory, and {SINGLE_TRAJECTORY}."
                  + (" Nothing was trained." if single == total else ""))
     if total and constant == total:
-        w.append(f"All {total} groups had the same reward for every rollout, so no rollout was better than "
-                 f"its siblings and there is no signal to learn from; nothing was trained. Use larger groups, "
-                 f"or tasks that the model sometimes solves and sometimes fails.")
+        w.append(_all_constant(m))
         if previous is not None and _collapsed(m, previous):
             w.append(f"Reward fell from {previous.reward_mean:.3g} at the last trained step to "
                      f"{m.reward_mean:.3g}, and now every rollout in every group scores the same: the last "
@@ -47,11 +45,16 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
                      f"can train from here. Read a few completions, then resume from an earlier checkpoint "
                      f"with a lower learning rate, more groups per step, or fewer minibatches and epochs.")
     elif constant and no_group_trains:
-        w.append(f"The other {constant} groups had the same reward for every rollout, so they carry no signal "
-                 f"either; nothing was trained.")
-    elif constant and constant / max(total, 1) >= 0.5:
-        w.append(f"{constant} of {total} groups had constant reward and were dropped: most of this batch "
-                 f"carries no learning signal.")
+        w.append(f"The other {constant} groups had the same reward for every rollout{_split(m)}, so they carry no "
+                 f"signal either; nothing was trained.")
+    elif m.groups_constant_failed / max(total, 1) >= 0.5:
+        w.append(f"{m.groups_constant_failed} of {total} groups failed in every rollout (each scored the lowest "
+                 f"reward) and were dropped: most of this batch carries no learning signal. The tasks may be too "
+                 f"hard for the model as it is: use easier ones, or larger groups.")
+    elif constant / max(total, 1) >= 0.5 and m.groups_constant_solved / max(total, 1) < 0.5:
+        # A batch mostly solved is good news, not a fault: the client says so (client/train.py).
+        w.append(f"{constant} of {total} groups had constant reward and were dropped{_split(m)}: most of this "
+                 f"batch carries no learning signal.")
     if m.trainable_tokens == 0 and not no_group_trains:
         if m.choices == 0:
             w.append("No trainable tokens: the trajectories contain no Choice objects. Append the Choice the "
@@ -61,9 +64,15 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
                      f"rebuilt exactly as the sampler saw them, so none were trained.")
         else:
             w.append("No trainable tokens in this batch; nothing was trained.")
+    elif m.prompt_mismatches_trained:
+        w.append(f"{m.prompt_mismatches} of {m.choices} choices were sampled from a prompt that could not be "
+                 f"rebuilt token for token (edited or truncated history?); {m.prompt_mismatches_trained} were "
+                 f"trained anyway after the rebuilt prompt (skip_mismatched_prompts=False), with logprobs the "
+                 f"sampler computed after another one: their logprob gap is not an error.")
     elif m.prompt_mismatches:
         w.append(f"{m.prompt_mismatches} of {m.choices} choices were sampled from a prompt that "
-                 f"could not be rebuilt token for token (edited or truncated history?); they were not trained.")
+                 f"could not be rebuilt token for token (edited or truncated history?); they were not trained "
+                 f"(skip_mismatched_prompts=False trains them after the rebuilt prompt).")
     if m.context_only_assistant_messages and m.trainable_tokens == 0:
         w.append(f"{m.context_only_assistant_messages} assistant turns were plain dicts: they are context, "
                  f"not training data.")
@@ -103,6 +112,39 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
     if m.skipped_optimizer_steps:
         w.append(f"{m.skipped_optimizer_steps} optimizer steps were skipped because the gradient was not finite.")
     return w
+
+
+def constant_split(constant: list[float], rewards: list[float]) -> tuple[int, int]:
+    """(solved, failed): how many of the constant groups' rewards (`constant`) are the top reward or
+    the bottom one. The trainer does not know the task's reward range: the top is the batch's best
+    reward, or 1.0 (the usual full marks) when none is higher; the bottom its worst, or 0.0."""
+    top, bottom = max([1.0, *rewards]), min([0.0, *rewards])
+    return sum(r >= top - 1e-9 for r in constant), sum(r <= bottom + 1e-9 for r in constant)
+
+
+def _split(m: StepMetrics) -> str:
+    """" (3 solved, 2 failed, 1 neither)": the constant groups by their reward, where any are known."""
+    solved, failed = m.groups_constant_solved, m.groups_constant_failed
+    if not solved and not failed:
+        return ""
+    neither = m.groups_dropped_constant - solved - failed
+    parts = [f"{solved} solved" * bool(solved), f"{failed} failed" * bool(failed), f"{neither} neither" * bool(neither)]
+    return f" ({', '.join(p for p in parts if p)})"
+
+
+def _all_constant(m: StepMetrics) -> str:
+    total = m.groups_total
+    if m.groups_constant_solved == total:
+        return (f"All {total} groups had the same reward for every rollout, the top one: every rollout solved its "
+                f"task, so there is nothing left to learn at this difficulty and nothing was trained. Raise the "
+                f"difficulty (harder tasks, a curriculum) or stop.")
+    if m.groups_constant_failed == total:
+        return (f"All {total} groups had the same reward for every rollout, the lowest one: every rollout failed "
+                f"its task, so no rollout was better than its siblings and there is no signal to learn from; "
+                f"nothing was trained. Use easier tasks, larger groups, or a stronger model.")
+    return (f"All {total} groups had the same reward for every rollout{_split(m)}, so no rollout was better than "
+            f"its siblings and there is no signal to learn from; nothing was trained. Use larger groups, or tasks "
+            f"that the model sometimes solves and sometimes fails.")
 
 
 def _collapsed(m: StepMetrics, previous: StepMetrics) -> bool:

@@ -286,6 +286,7 @@ class JobManager:
         job.status = "running"
         self.store.put_job(job.record())
         self._event(job, "started", {"step": run.step})
+        queued = max(0.0, time.time() - job.created)  # this attempt's: a resubmitted job is created anew
         deadline = time.monotonic() + self.time_limit
         stop = lambda: job.cancel.is_set() or time.monotonic() > deadline  # noqa: E731
         progress = lambda stage, data: self._event(job, "progress", {"stage": stage, **data})  # noqa: E731
@@ -294,6 +295,7 @@ class JobManager:
             crash_point("step_start")
             computed = steps.compute(run, job.request, steps.Hooks(progress, stop, self.optimize,
                                                                    self.max_optimizer_steps))
+            computed.metrics.queue_seconds = queued
             result = commit_step(self.targets, run, attempt, computed)
         except Cancelled:
             if job.cancel.is_set():

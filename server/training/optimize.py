@@ -1,24 +1,30 @@
 """One optimisation pass over assembled sequences: the path from tokens to a gradient step.
 
-Reads like nanoGPT's train loop: split into minibatches, pack each into micro-batches, forward
-at each token's sampling temperature, loss, backward, clip, step. Everything a health report
-needs (logprob gap, clip fraction, entropy, KL to base, grad norms) is measured on the way.
+Reads like nanoGPT's train loop: split into minibatches, pack each into micro-batches (as many
+tokens as the server's memory budget leaves room for, server/training/memory.py), forward at each
+token's sampling temperature, loss, backward, clip, step. Everything a health report needs
+(logprob gap, clip fraction, entropy, KL to base, grad norms) is measured on the way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, get_args
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from protocol.config import LossName, SFTConfig, TrainConfig
-from server.training import losses
+from server.memory import gb, trim
+from server.training import losses, memory
 from server.training.assemble import Cancelled, TrainSequence
 from server.training.batching import Microbatch, deal, make_microbatch, plan
 
+log = logging.getLogger("artisan.train")
 # (trainer logprobs with grad, micro-batch) -> (per-token loss, per-token clipped)
 TokenLoss = Callable[[torch.Tensor, Microbatch], tuple[torch.Tensor, torch.Tensor]]
 
@@ -128,22 +134,89 @@ class OptimizeStats:
         return total
 
 
+# Elements of one chunk's [positions x vocab] logits: 2**24 floats are 64 MiB a copy, and the
+# chunk's log-softmax holds about four copies at once (logits, scaled, log-probs, probabilities).
+LOGIT_CHUNK_ELEMENTS = 2**24
+
+
+def logit_chunk(vocab: int) -> int:
+    """Loss positions whose logits are computed together."""
+    return max(1, LOGIT_CHUNK_ELEMENTS // max(vocab, 1))
+
+
+def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                    temperatures: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    lp_all = torch.log_softmax(head(hidden).float() / temperatures[:, None], dim=-1)
+    entropy = -(lp_all.exp() * lp_all).sum(-1)
+    return lp_all.gather(-1, targets[:, None]).squeeze(-1), entropy.detach()
+
+
+def token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor,
+                   chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of `targets` [K] under `head(hidden)` [K, vocab] at each position's
+    temperature, and each position's entropy (no gradient), `chunk` positions at a time.
+
+    The full [K x vocab] float32 logits never exist at once: with a 262k vocabulary (Gemma 3) a
+    thousand loss tokens are a GiB a copy. With gradients each chunk is a checkpoint: only its
+    hidden states are kept for backward, which recomputes the chunk's logits (one more pass of the
+    output head, a small share of the step), so the gradient is the unchunked one."""
+    lps, entropies = [], []
+    for i in range(0, targets.shape[0], chunk):
+        part = (head, hidden[i:i + chunk], targets[i:i + chunk], temperatures[i:i + chunk])
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            lp, ent = checkpoint(_chunk_logprobs, *part, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(*part)
+        lps.append(lp)
+        entropies.append(ent)
+    if not lps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(lps), torch.cat(entropies)
+
+
 def _forward_logprobs(host: Any, mb: Microbatch, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprobs of the targets at each token's own sampling temperature, and the full
-    distributions (for entropy). The output head runs only on loss positions: with a 150k
-    vocabulary, logits for every position would dwarf the rest of the step's memory."""
+    """Logprobs of the targets at each token's own sampling temperature, and each loss token's
+    entropy. The output head runs only on loss positions, a chunk at a time (token_logprobs)."""
     lm = host.model.get_base_model() if host.has_adapters else host.model
     with torch.set_grad_enabled(grad), host.training_forward():
         hidden = lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)[0]
-        logits = lm.get_output_embeddings()(hidden[mb.rows, mb.logit_positions]).float()
-        lp_all = torch.log_softmax(logits / mb.temperatures[:, None], dim=-1)
-        return lp_all.gather(-1, mb.targets[:, None]).squeeze(-1), lp_all
+        head = lm.get_output_embeddings()
+        return token_logprobs(head, hidden[mb.rows, mb.logit_positions], mb.targets, mb.temperatures,
+                              logit_chunk(getattr(head, "out_features", None) or host.vocab_size))
 
 
 def optimize(run: Any, sequences: list[TrainSequence], p: OptimPlan, token_loss: TokenLoss,
              measure_gap: bool = True, measure_kl: bool = True, loss_scale: float = 1.0,
              should_stop: Callable[[], bool] = lambda: False, shard: Shard | None = None) -> OptimizeStats:
     """`shard`: this process computes one rank's micro-batches of a data-parallel step; None: all."""
+    if shard is None:  # data-parallel ranks keep the plan as given: all of them must cut the same micro-batches
+        p = fit_memory(run, sequences, p)
+    try:
+        return _optimize(run, sequences, p, token_loss, measure_gap, measure_kl, loss_scale, should_stop, shard)
+    finally:
+        trim()  # the step's activations go back to the machine, not to this process's heaps
+
+
+def fit_memory(run: Any, sequences: list[TrainSequence], p: OptimPlan) -> OptimPlan:
+    """The plan with micro-batches that fit the server's memory budget (server/training/memory.py);
+    raises TooLarge when the longest sequence alone would not."""
+    host = run.host
+    with host.lock:
+        host.model.set_adapter(run.adapter)
+        per_token = memory.token_bytes(host, run.adapter)
+    trim()  # what the process holds, not what its heaps keep
+    room = memory.room(host.device, getattr(host, "memory_budget", None))
+    memory.check_longest(max(len(s.ids) for s in sequences), per_token, room, host.gradient_checkpointing)
+    tokens = memory.microbatch_tokens(p.max_tokens_per_microbatch, room.free, per_token,
+                                      memory.working_set(host.device, getattr(host, "memory_budget", None)))
+    log.info("micro-batches of at most %d tokens (%.2f MB a token; the server holds %s of %s)", tokens,
+             per_token / 1e6, gb(room.held), gb(room.limit))
+    return dataclasses.replace(p, max_tokens_per_microbatch=tokens)
+
+
+def _optimize(run: Any, sequences: list[TrainSequence], p: OptimPlan, token_loss: TokenLoss, measure_gap: bool,
+              measure_kl: bool, loss_scale: float, should_stop: Callable[[], bool], shard: Shard | None) -> OptimizeStats:
     host, stats = run.host, OptimizeStats()
     for group in run.optimizer.param_groups:
         group["lr"], group["weight_decay"] = p.learning_rate, p.weight_decay
@@ -198,7 +271,7 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
                 with host.model.disable_adapter(), torch.no_grad():
                     ref_lp, _ = _forward_logprobs(host, mb, grad=False)
                 mb.ref_logprobs = ref_lp
-            lp, lp_all = _forward_logprobs(host, mb, grad=True)
+            lp, entropy = _forward_logprobs(host, mb, grad=True)
         tok_loss, clipped = token_loss(lp, mb)
         if kl_here:
             kl = losses.kl_k3(lp, ref_lp)
@@ -209,6 +282,8 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
         loss = loss_scale * losses.aggregate(tok_loss, mb.seq_index, p.loss_aggregation, n_tokens, len(mini),
                                              p.constant_normalizer, seq_lengths)
         loss.backward()
+        if host.device.type == "cpu":
+            trim()  # else each micro-batch fits its activations around the last one's holes: +0.3 GB a step
         with torch.no_grad():
             if count:
                 stats.loss += float(loss) / n_mini
@@ -216,7 +291,7 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
                 stats.row_tokens += mb.n_tokens
                 stats.padding_tokens += mb.n_padding
                 stats.clipped += int(clipped.sum())
-                stats.entropy_sum += float(-(lp_all.exp() * lp_all).sum(-1).sum())
+                stats.entropy_sum += float(entropy.sum())
             if measure_gap:
                 stats.gap_sum += float((lp - mb.old_logprobs).abs().sum())
                 stats.gap_tokens += mb.n_loss_tokens

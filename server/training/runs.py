@@ -3,7 +3,9 @@ the names it is served under (`run` = latest step, `run@N` = step N).
 
 A run's step number advances in one place, server/training/commit.py, after the step's checkpoint
 is durable and before it is published (invariant: what is served as `run` is the newest checkpoint).
-The manager owns the mechanics that commit uses: checkpoints, restore, publish.
+The manager owns the mechanics that commit uses: checkpoints, restore, publish. One exception, asked
+for: a pin (server/training/pins.py) makes `run` serve an earlier step (the best held-out one,
+`client.train --keep-best`) until the run's next step is published; training goes on from the latest.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,14 +26,16 @@ from protocol.metrics import StepMetrics
 from server.engine.base import Engine
 from server.model_host import ModelHost, available_memory
 from server.serving import Policy, ServedModels
-from server.training import bounds, checkpoints
+from server.training import base_models, bounds, checkpoints, pins
+from server.training.base_models import OtherModel, RunConflict, RunRecord
+from server.training.hyperparams import default_learning_rate
+from server.training.leases import Leases
+
+if TYPE_CHECKING:
+    from server.store import Store
 
 log = logging.getLogger("artisan.runs")
 SERVED_SNAPSHOTS = 3  # recent steps kept loaded; older ones load from their checkpoint on demand
-
-
-class RunConflict(ValueError):
-    """A run of that name exists with other settings (a 409)."""
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Run:
     retained: set[int] = field(default_factory=set)
     highest_used: int = 0  # numbers up to here are taken, by damaged steps set aside too
     damaged: list[str] = field(default_factory=list)  # what was found damaged at start, for the run's status
+    serving_step: int | None = None  # an earlier step the bare name serves (training/pins.py); None: the latest
 
     @property
     def next_step(self) -> int:
@@ -66,7 +71,12 @@ class Run:
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "project": self.spec.project, "step": self.step,
                 "lora": self.spec.lora.model_dump(), "checkpoints": checkpoints.steps(self.checkpoint_dir),
-                "damaged": self.damaged}
+                "damaged": self.damaged,
+                # what the bare name decodes with: the latest step, or the one pinned (PUT .../serving)
+                "serving_step": self.step if self.serving_step is None else self.serving_step,
+                "serving_pinned": self.serving_step is not None,
+                # what a job that names no learning rate trains at (derived from the base model)
+                "default_learning_rate": default_learning_rate(self.host.config)}
 
     def last_metrics(self, kind: str) -> StepMetrics | None:
         """The figures of the run's latest step, when it was a step of this kind."""
@@ -88,8 +98,8 @@ def adapter_name(run: str, suffix: str) -> str:
 
 class RunManager:
     def __init__(self, host: ModelHost, engine: Engine, served: ServedModels, data_dir: Path,
-                 adapter_memory: int | None = None, memory_reserve: int = 0):
-        self.host, self.engine, self.served = host, engine, served
+                 adapter_memory: int | None = None, memory_reserve: int = 0, store: Store | None = None):
+        self.host, self.engine, self.served, self.store = host, engine, served, store
         self.adapter_memory, self.memory_reserve = adapter_memory, memory_reserve
         self.root = Path(data_dir) / "runs"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -98,7 +108,9 @@ class RunManager:
         self._deleting: set[str] = set()
         self._runs: dict[str, Run] = {}
         self._lock = threading.RLock()
-        self.problems: list[str] = []  # runs that could not be resumed, for /health
+        self.problems: dict[str, str] = {}  # run -> why it could not be resumed, for /health
+        self.other_models: dict[str, OtherModel] = {}  # runs of another base model, never loaded here
+        self.leases = Leases()  # which client trains each run (server/training/leases.py)
 
     def get(self, name: str) -> Run | None:
         return self._runs.get(name)
@@ -108,26 +120,56 @@ class RunManager:
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def resume_all(self) -> None:
-        """Bring every run back at its last complete checkpoint (after a restart or a crash)."""
+        """Bring every run back at its last complete checkpoint (after a restart or a crash); a run
+        of another base model stays on disk, untouched, and is listed as not served."""
         for meta in sorted(self.root.glob("*/run.json")):
+            name = meta.parent.name
+            record = base_models.read_record(meta.parent)
+            if record is None:
+                self.problems[name] = (f"run {name}: its run.json cannot be read; register the run again with the "
+                                       f"LoRA settings it was trained with to serve it")
+                log.error("%s", self.problems[name])
+                continue
             try:
-                self._open(RunSpec.model_validate_json(meta.read_text()), create=False)
+                self._open(record, create=False)
+            except OtherModel as exc:
+                self.other_models[name] = exc
+                log.warning(exc.line)  # the whole line as the message: one each, never collapsed
             except Exception as exc:  # one run's damaged files never stop the server or the other runs
-                log.exception("could not resume run %s", meta.parent.name)
-                self.problems.append(f"run {meta.parent.name} could not be resumed: {exc}")
+                self.problems[name] = f"run {name} could not be resumed: {base_models.one_line(exc)}"
+                log.error("%s", self.problems[name], exc_info=log.isEnabledFor(logging.DEBUG))
+
+    def other_model(self, name: str) -> str | None:
+        """Why run `name` is not served here when it is another base model's (a 409's message)."""
+        other = self.other_models.get(name)
+        return None if other is None else str(other)
+
+    def problem_lines(self) -> list[str]:
+        """What /health reports about runs: one line each, another model's runs last (nothing is lost there)."""
+        return [*self.problems.values(), *(f"run {r.name}: {d}" for r in self.all() for d in r.damaged),
+                *(self.other_models[n].line for n in sorted(self.other_models))]
 
     def get_or_create(self, spec: RunSpec) -> tuple[Run, bool]:
         with self._lock:
             if spec.name in self._deleting:
                 raise RunConflict(f"run {spec.name!r} is being deleted; create it again once that is done")
+            if (other := self.other_models.get(spec.name)) is not None:
+                raise other.again()
             existing = self._runs.get(spec.name)
             if existing is not None:
                 if existing.spec.lora != spec.lora:
                     raise RunConflict(f"run {spec.name!r} exists with different LoRA settings "
-                                      f"({existing.spec.lora.model_dump()})")
+                                      f"({existing.spec.lora.model_dump()}, not {spec.lora.model_dump()})")
                 return existing, False
             self.check_memory(spec)
-            return self._open(spec, create=True), True
+            try:
+                run = self._open(RunRecord(**spec.model_dump()), create=True)
+            except OtherModel as exc:  # files without a readable run.json, of another model
+                self.problems.pop(spec.name, None)
+                self.other_models[spec.name] = exc
+                raise
+            self.problems.pop(spec.name, None)  # an unreadable run.json, written again
+            return run, True
 
     def run_bytes(self, spec: RunSpec) -> int:
         """What a run's adapter costs at steady state (server/training/bounds.py: BYTES_PER_LORA_PARAM)."""
@@ -151,6 +193,7 @@ class RunManager:
                 del self._runs[run.name]
             self._deleting.add(run.name)
             self._withdraw(run)
+        self.leases.drop(run.name)
 
     def _withdraw(self, run: Run) -> None:
         self.served.withdraw(run.name)
@@ -214,13 +257,22 @@ class RunManager:
             log.error("run %s: %s", name, found[-1])
         return done, found
 
-    def _open(self, spec: RunSpec, create: bool) -> Run:
+    def _open(self, spec: RunRecord, create: bool) -> Run:
+        """Resume a run from its files (`spec`: its run.json), or create one (`spec`: what the client
+        asked for; files already there are a run whose run.json was lost, and must agree with it).
+        Whose run it is, and whether its checkpoints fit, is told before any adapter is added."""
         run_dir = self.root / spec.name
+        on_disk = base_models.read_record(run_dir) if create else spec
+        if on_disk is not None and on_disk.base_fingerprint not in (None, self.host.base_fingerprint):
+            raise OtherModel(spec.name, on_disk.base_model or "another base model", self.host.name)
         checkpoints.clean_partial(run_dir / "checkpoints")
         done, damaged = self._intact_steps(spec.name, run_dir / "checkpoints")
         if not done and damaged:
             raise checkpoints.CheckpointDamaged(f"run {spec.name}: no intact checkpoint is left: {damaged[-1]}")
         lora = self.lora_config(spec)
+        if done:  # from the checkpoint's header, before an adapter is added that it could not be loaded into
+            base_models.check_fit(spec, checkpoints.step_dir(run_dir / "checkpoints", done[-1]) / "adapter.safetensors",
+                                  self.host, on_disk.base_model if on_disk else None)
         adapter = adapter_name(spec.name, "train")
         with self.host.lock:
             torch.manual_seed(spec.lora.seed)  # the same spec always starts from the same LoRA
@@ -241,12 +293,26 @@ class RunManager:
                 raise
         else:
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "run.json").write_text(spec.model_dump_json(indent=2))
             self.save_checkpoint(run, 0, {"kind": "init"})
+        self._record_base(spec, on_disk, create)
         self._runs[spec.name] = run
         self.publish(run)
+        pins.restore(self, run)
         log.info("run %s at step %d", spec.name, run.step)
         return run
+
+    def _record_base(self, spec: RunRecord, on_disk: RunRecord | None, create: bool) -> None:
+        """run.json and the store say which base model the run belongs to (a run from before they
+        did, found to fit, is recorded as this model's from now on)."""
+        host, recorded = self.host, on_disk if on_disk and on_disk.base_fingerprint else None
+        base = recorded.base_model if recorded else host.name
+        if recorded is not None and base not in host.aliases:  # the same shapes under another name
+            log.info("run %s was trained on %s, which has %s's shapes: served by it", spec.name, base, host.name)
+        if create or recorded is None:  # a registration's settings are what the checkpoints were found to fit
+            base_models.write_record(self.root / spec.name, spec.model_copy(
+                update={"base_model": base, "base_fingerprint": host.base_fingerprint}))
+        if self.store is not None:
+            self.store.record_run_base(spec.name, base, host.base_fingerprint)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self, run: Run, step: int, meta: dict[str, Any]) -> None:
@@ -283,6 +349,9 @@ class RunManager:
     def delete_checkpoint(self, run: Run, step: int) -> None:
         if step == run.step:
             raise ValueError("the latest checkpoint is the run's state and cannot be deleted")
+        if step == run.serving_step:
+            raise ValueError(f"step {step} is what run {run.name} serves (pinned: PUT /v1/runs/{run.name}/serving "
+                             f"{{\"step\": null}} serves the latest again); it cannot be deleted while it is")
         if step not in checkpoints.steps(run.checkpoint_dir):
             raise KeyError(step)
         self._unload(run, step)
@@ -291,7 +360,8 @@ class RunManager:
     def prune(self, run: Run, best_metric: str | None = None, mode: str = "max", keep_last: int = 1) -> list[int]:
         """Delete old checkpoints, keeping the latest `keep_last` and the best by `best_metric`."""
         infos = self.list_checkpoints(run)
-        keep = {i["step"] for i in infos[-keep_last:]} | {run.step}
+        keep = {i["step"] for i in infos[-keep_last:]} | {run.step} | \
+            ({run.serving_step} if run.serving_step is not None else set())
         scored = [i for i in infos if isinstance(v := i["metrics"].get(best_metric or ""), (int, float))
                   and math.isfinite(v)]
         if best_metric and scored:
@@ -312,6 +382,9 @@ class RunManager:
             state = self.host.adapter_state(run.adapter)
         self._serve_step(run, run.step, state, latest=True)
         with self._lock:  # a client's retain() unloads from the same table
+            if run.serving_step is not None:  # a newly trained step: the name serves the latest again
+                pins.drop(run)  # and once more, under the lock: a pin made since _serve_step is undone whole
+                self.served.publish(run.name, run.step, run.snapshots[run.step], latest=True)
             for old in sorted(run.snapshots)[:-SERVED_SNAPSHOTS]:
                 if old not in run.retained:
                     self._unload(run, old)
@@ -336,7 +409,7 @@ class RunManager:
 
     def _unload(self, run: Run, step: int) -> None:
         adapter = run.snapshots.get(step)
-        if adapter is None or step == run.step or self.served.in_use(adapter):
+        if adapter is None or step in (run.step, run.serving_step) or self.served.in_use(adapter):
             return  # the latest step, or a request still decoding on it: unloaded at a later publish
         self.served.withdraw(f"{run.name}@{step}")
         self.engine.unload_adapter(adapter)

@@ -29,7 +29,7 @@ from server.training.advantages import (GroupAdvantages, awr_weights, given_valu
                                         leave_one_out_advantages)
 from server.training import bounds
 from server.training.assemble import AssemblyStats, TrainSequence, assemble_history, assemble_sft
-from server.training.health import NON_FINITE_UPDATE, step_warnings
+from server.training.health import NON_FINITE_UPDATE, constant_split, step_warnings
 from server.training.hyperparams import default_learning_rate
 from server.training.losses import signal_share
 from server.training.optimize import OptimizeStats, OptimPlan, optimize, rl_loss, sft_loss
@@ -84,6 +84,7 @@ class Batch:
     dropped_sequences: int = 0
     advantages: list[float] = field(default_factory=list)  # of the trained trajectories
     values: list[float] = field(default_factory=list)  # the given values of the trained groups
+    constant_rewards: list[float] = field(default_factory=list)  # the reward of each group dropped as constant
 
 
 def advantages_for(g: TrajectoryGroup, cfg: TrainConfig) -> GroupAdvantages:
@@ -115,6 +116,8 @@ def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig,
         adv = advantages_for(g, cfg)
         if adv.advantages is None:
             batch.groups_dropped[adv.dropped] += 1
+            if adv.dropped == "constant":
+                batch.constant_rewards.append(adv.mean)
             batch.dropped_sequences += len(g.trajectories)
             batch.dropped_tokens += sum(len(choice_token_ids(c) or []) for t in g.trajectories
                                         for h in t.histories() for c in h.choices())
@@ -125,7 +128,8 @@ def build_batch(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig,
             batch.histories += len(traj.additional_histories)
             first = len(batch.sequences)
             for history in traj.histories():
-                seqs, st = assemble_history(history, run.host.chat, cfg.mask_truncated, should_stop)
+                seqs, st = assemble_history(history, run.host.chat, cfg.mask_truncated, should_stop,
+                                            train_mismatched=not cfg.skip_mismatched_prompts)
                 batch.stats.add(st)
                 for s in seqs:
                     s.advantage, s.weight, s.group = a, w, gi
@@ -179,7 +183,9 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
     m = m.model_copy(update=stale_figures)
     batch = build_batch(run, groups, cfg, hooks.should_stop)
     dropped = batch.groups_dropped
+    solved, failed = constant_split(batch.constant_rewards, [t.reward for g in groups for t in g.trajectories])
     m = m.model_copy(update={**vars(batch.stats), "groups_trainable": batch.groups_trainable,
+                             "groups_constant_solved": solved, "groups_constant_failed": failed,
                              "groups_dropped_constant": dropped["constant"], "groups_dropped_single": dropped["single"],
                              "groups_dropped_failed": dropped["empty"], "additional_histories": batch.histories,
                              "trainable_tokens": sum(s.n_loss_tokens for s in batch.sequences),

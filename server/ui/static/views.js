@@ -41,7 +41,8 @@ export async function runView(name, query) {
   const metric = key => run.steps.map(s => ({ x: s.step, y: s.metrics[key] }));
   const node = h("section", {},
     h("h1", {}, run.name),
-    h("p", { class: "muted" }, `project ${run.project} · serving step ${fmt(run.step)}`),
+    h("p", { class: "muted" }, `project ${run.project} · ${servingText(run)}`),
+    bestHeldOut(run.best_held_out),
     h("h2", {}, "Reward"),
     h("div", { class: "plots wide" },
       linePlot("mean reward per step", [{ name: "train", points: points("train") }, { name: "eval (val)", points: points("val") }],
@@ -53,6 +54,19 @@ export async function runView(name, query) {
     h("h2", {}, "Steps"), stepsTable(run),
     h("h2", {}, "Trajectories"), filterForm(run, filters), await trajectoryList(run.name, filters));
   return { title: run.name, crumbs: [[run.name, `/run/${enc(run.name)}`]], node };
+}
+
+// The bare name serves the latest step unless an earlier one is pinned (--keep-best).
+function servingText(run) {
+  const serving = run.serving_step ?? run.step;
+  return serving === run.step || run.step == null ? `serving step ${fmt(serving)}`
+    : `serving step ${fmt(serving)} (pinned; latest step ${fmt(run.step)}, served as ${run.name}@${run.step})`;
+}
+
+// The evaluated step with the highest held-out ("val") reward: the one to serve if later steps fell.
+function bestHeldOut(best) {
+  if (!best) return null;
+  return h("p", { id: "best-held-out" }, `best held-out step: ${best.step} (reward ${fmt(best.reward)}, ${best.n} tasks)`);
 }
 
 // A run over several task families (tau2-bench's domains): each figure of the step's `domains`
