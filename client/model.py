@@ -80,10 +80,6 @@ class TrainableModel:
     def name(self) -> str:
         return self.spec.name
 
-    @property
-    def inference_name(self) -> str:
-        return self.name
-
     # ---- plumbing --------------------------------------------------------------------------
     def http(self, timeout: float | None = 60.0) -> httpx.AsyncClient:
         if self.server_url is None:

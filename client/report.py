@@ -1,5 +1,5 @@
 """What `python -m client.train` prints: the run's first line, one line per training attempt, and
-the lines that say why it stops or does nothing. Pure functions of figures; the loop is client/train.py.
+the lines that say why it stops or does nothing. Pure functions of figures; the loop is client/loop.py.
 
 A step line's time is the step's wall time, from the end of the previous attempt to this one's
 result, split into the phases it waited on: sampling (rollouts), scoring (the group judge, after

@@ -20,7 +20,7 @@ from openai.types.chat.chat_completion import Choice
 from protocol.choices import Message, malformed_tool_call
 from protocol.retry import RetryPolicy
 from protocol.trajectory import Trajectory
-from rollouts.env import Environment, RolloutSettings, Task, ToolError
+from rollouts.episode import Environment, RolloutSettings, Task, ToolError
 from rollouts.seeding import next_request_seed
 
 

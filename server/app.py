@@ -19,12 +19,12 @@ from server.data_lock import lock_data_dir
 from server.model_host import ModelHost, load_model
 from server.ownership import Owners
 from server.response_store import ResponseStore
+from server.runs.facade import Runs
 from server.serving import ServedModels
 from server.sessions import Sessions
 from server.settings import REPLICAS_ARE_TORCH, Settings
 from server.store import Store
 from server.training.jobs import JobManager
-from server.training.runs import RunManager
 
 log = logging.getLogger("artisan")
 
@@ -40,7 +40,7 @@ def make_engine(settings: Settings, host: ModelHost) -> Any:
         from server.engine.replicas import ReplicatedEngine
 
         return ReplicatedEngine(host, settings)
-    from server.engine.scheduler import TorchEngine
+    from server.engine.torch_engine import TorchEngine
 
     return TorchEngine.from_settings(host, settings)
 
@@ -67,9 +67,9 @@ def build_state(settings: Settings) -> ServerState:
     data_dir = Path(settings.data_dir)
     store = Store(data_dir / "artisan.sqlite")
     mib = 2**20
-    runs = RunManager(host, engine, served, data_dir,
-                      adapter_memory=settings.adapter_memory_mb * mib if settings.adapter_memory_mb else None,
-                      memory_reserve=settings.memory_reserve_mb * mib, store=store)
+    runs = Runs(host, engine, served, data_dir,
+                adapter_memory=settings.adapter_memory_mb * mib if settings.adapter_memory_mb else None,
+                memory_reserve=settings.memory_reserve_mb * mib, store=store)
     jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, settings.job_time_limit,
                       settings.max_job_optimizer_steps, make_optimizer(settings, host))
     sessions = Sessions(ttl=settings.session_ttl, max_sessions=settings.max_sessions,

@@ -112,7 +112,7 @@ def serve(
                         chat_template_kwargs=template_kwargs, tool_call_parser=tool_call_parser,
                         reasoning_parser=reasoning_parser, allow_unrendered_tools=allow_unrendered_tools, host=host,
                         port=port, api_key=api_key or None, tenant_keys=tenants,
-                        max_runs_per_key=max_runs_per_key, max_connections_per_ip=max_connections_per_ip,
+                        max_runs_per_key=max_runs_per_key,
                         header_timeout=header_timeout, data_dir=data_dir, cache_dir=cache_dir, engine=engine, device=device, dtype=dtype,
                         gradient_checkpointing=gradient_checkpointing, memory_budget=memory_budget,
                         vllm_python=vllm_python,

@@ -161,10 +161,6 @@ class ModelHost:
         self.memory_budget: int | None = None  # bytes training may take the process to (None: what the machine has)
 
     @property
-    def family(self) -> str:
-        return str(getattr(self.config, "model_type", "unknown"))
-
-    @property
     def vocab_size(self) -> int:
         return max(len(self.tokenizer), int(getattr(self.config, "vocab_size", 0) or 0))
 

@@ -26,7 +26,7 @@ class Owners:
     def __init__(self, store: Store):
         self._store = store
         self._lock = threading.Lock()
-        self._owners: dict[str, str | None] = {r["name"]: r["owner"] for r in store.runs()}
+        self._owners: dict[str, str | None] = {r["name"]: r["owner"] for r in store.runs.all()}
 
     def owner(self, name: str) -> str | None:
         return self._owners.get(name)
@@ -44,7 +44,7 @@ class Owners:
             if have >= limit:
                 raise RunLimit(f"this key has {have} runs, the most one key may create (art-server "
                                f"--max-runs-per-key {limit}); delete one, or use another name for an existing run")
-            self._store.put_run(name, project, spec, owner)
+            self._store.runs.add(name, project, spec, owner)
             self._owners[name] = owner
             return True
 
@@ -53,7 +53,4 @@ class Owners:
         with self._lock:
             if name in self._owners:
                 del self._owners[name]
-                self._store.forget_run(name)
-
-    def visible(self, names: list[str], who: Any) -> list[str]:
-        return [n for n in names if who.may_see(self.owner(n))]
+                self._store.runs.forget(name)

@@ -1,7 +1,7 @@
 """The served names and what each one decodes with: the base model, `run` (its latest step) and
 `run@N` (step N).
 
-One table with one writer: runs publish their steps into it (server/training/runs.py), requests
+One table with one writer: runs publish their steps into it (server/runs/served_steps.py), requests
 resolve names from it. A request holds a lease on its policy while it decodes, so the adapter it
 started on is never unloaded under it and it finishes on that step's weights.
 """

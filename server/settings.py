@@ -31,9 +31,7 @@ class Settings(BaseModel):
     # Tenant keys, name -> key (--tenant-keys FILE): each sees only the runs it created.
     tenant_keys: dict[str, str] = {}
     max_runs_per_key: int = 100  # runs one key (a tenant, or the admin keys together) may create
-    # Connections (server/connections.py): open ones per client address, and seconds a connection
-    # may take to send a request's headers before it is closed.
-    max_connections_per_ip: int = 256
+    # Seconds a connection may take to send a request's headers before it is closed (server/connections.py).
     header_timeout: float = 10.0
     data_dir: Path = Path("artisan-data")
     cache_dir: Path = DEFAULT_CACHE  # dequantised GGUF models

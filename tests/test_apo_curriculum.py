@@ -20,7 +20,9 @@ from client import TrainConfig, TrainableModel, TrajectoryGroup
 from client.apo import ValueTable, optimal_value, solved
 from client.curriculum import Curriculum, next_level, success_rate
 from client.errors import ConfigError
-from client.train import LoopConfig, loop_config, train_loop
+from client.loop import train_loop
+from client.loop_config import LoopConfig
+from client.train import loop_config
 from protocol.trajectory import History
 from examples.demo import task as demo
 from rollouts.agent import rollout

@@ -63,3 +63,77 @@ def test_time_ratio_compares_seconds_to_reach_trls_final_accuracy():
     assert learn.compare([[0.0, 0, 0.2], [8.0, 10, 0.3]], trl)["time_ratio_to_trl_final"] is None  # never reached
     flat = [[0.0, 0, 0.2], [20.0, 10, 0.2]]
     assert learn.compare(artisan, flat)["time_ratio_to_trl_final"] is None  # TRL learned nothing: nothing to time
+
+
+# ---- bench/learn_sweep.py's aggregation -----------------------------------------------------------
+
+def test_mean_and_standard_error_over_seeds():
+    sweep = _load("learn_sweep")
+    out = sweep.mean_se([0.2, 0.4, 0.6])
+    assert out["mean"] == pytest.approx(0.4) and out["n"] == 3
+    assert out["se"] == pytest.approx(0.2 / 3 ** 0.5, abs=1e-4)  # sample std 0.2 over sqrt 3
+    assert sweep.mean_se([0.3])["se"] is None  # one seed measures no spread
+    assert sweep.mean_se([]) == {"mean": None, "se": None, "n": 0}
+
+
+def test_rise_and_the_verdicts_on_it():
+    sweep = _load("learn_sweep")
+    assert sweep.rise(0.1, 0.35) == pytest.approx(0.25)
+    assert sweep.ends_below_base(sweep.rise(0.3, 0.25)) and not sweep.ends_below_base(0.0)
+    assert sweep.rises_by(sweep.rise(0.2, 0.3)) and not sweep.rises_by(0.0999)  # 0.10 exactly counts
+
+
+def test_artisan_at_least_trl_within_noise():
+    sweep = _load("learn_sweep")
+    trl = {"mean": 0.20, "se": 0.03}
+    assert sweep.at_least_within_noise({"mean": 0.25, "se": 0.04}, trl)  # above
+    assert sweep.at_least_within_noise({"mean": 0.12, "se": 0.03}, trl)  # 0.08 below; 2 SE of the gap is 0.085
+    assert not sweep.at_least_within_noise({"mean": 0.10, "se": 0.02}, trl)  # 0.10 below, 2 SE is 0.072
+    assert sweep.at_least_within_noise({"mean": 0.5, "se": None}, trl) is None  # one seed: no noise to judge by
+
+
+def _entry(task, trainer, seed, base, final):
+    return {"task": task, "trainer": trainer, "seed": seed, "base": base, "final": final, "seconds_per_step": 1.0,
+            "curve": [[0.0, 0, base], [1.0, 2, (base + final) / 2], [2.0, 4, final]]}
+
+
+def test_summary_per_task_and_trainer_over_seeds():
+    sweep = _load("learn_sweep")
+    entries = [_entry("leg_counting", "artisan", s, 0.1, f) for s, f in enumerate([0.3, 0.4, 0.35])]
+    entries += [_entry("leg_counting", "trl", s, 0.1, f) for s, f in enumerate([0.05, 0.1, 0.0])]
+    out = sweep.summarize(entries)["leg_counting"]
+    assert out["family"] == "counting"
+    art, trl = out["artisan"], out["trl"]
+    assert art["base"]["mean"] == pytest.approx(0.1) and art["base"]["se"] == 0.0
+    assert art["final"]["mean"] == pytest.approx(0.35) and art["rise"]["mean"] == pytest.approx(0.25)
+    assert art["rises_by_0.10"] and not art["ends_below_base"]
+    assert trl["ends_below_base"] and not trl["rises_by_0.10"]  # 0.05 on average: below its 0.1 start
+    assert art["seeds"]["1"] == {"base": 0.1, "final": 0.4, "rise": pytest.approx(0.3), "seconds_per_step": 1.0}
+    assert out["artisan_at_least_trl_within_noise"] is True
+    assert "artisan_at_least_trl_within_noise" not in sweep.summarize(entries[:3])["leg_counting"]  # one trainer
+
+
+def test_mean_curve_averages_the_seeds_at_each_step():
+    sweep = _load("learn_sweep")
+    curve = sweep.mean_curve([[[0.0, 0, 0.1], [5.0, 4, 0.3]], [[0.0, 0, 0.1], [6.0, 4, 0.5]]])
+    assert [p[:2] for p in curve] == [[0, 0.1], [4, 0.4]]
+    assert curve[0][2] == 0.0 and curve[1][2] == pytest.approx(0.1)
+
+
+def test_a_rerun_skips_the_runs_the_results_file_holds():
+    sweep = _load("learn_sweep")
+    configs = {"leg_counting": {"steps": 16}, "syllogism": {"steps": 16}}
+    done = {sweep.run_key("smollm2", {"steps": 16}, "leg_counting", 0, "artisan"),
+            sweep.run_key("smollm2", {"steps": 2}, "leg_counting", 1, "artisan"),  # other settings: not this run
+            sweep.run_key("gemma3", {"steps": 16}, "syllogism", 0, "trl")}  # another model
+    assert sweep.pending(done, "smollm2", configs, [0, 1], ["artisan", "trl"]) == [
+        ("leg_counting", 0, "trl"), ("leg_counting", 1, "artisan"), ("leg_counting", 1, "trl"),
+        ("syllogism", 0, "artisan"), ("syllogism", 0, "trl"), ("syllogism", 1, "artisan"), ("syllogism", 1, "trl")]
+
+
+def test_the_sweeps_tasks_have_settings_and_cover_at_least_three_families():
+    sweep = _load("learn_sweep")
+    assert set(sweep.FAMILIES) <= set(learn_task.SETTINGS) and len(sweep.FAMILIES) >= 6
+    assert len(set(sweep.FAMILIES.values())) >= 3
+    for task in sweep.FAMILIES:
+        assert len(learn_task.rows(task, 2, learn_task.TRAIN_SEED)) == 2

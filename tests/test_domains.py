@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from client.errors import ConfigError
-from client.train import domain_lines, example_options, load_example
+from client.examples import example_options, load_example
+from client.report import domain_lines
 from protocol.domains import domain_figures, exception_kind
 from protocol.trajectory import Trajectory, TrajectoryGroup
 
@@ -64,7 +65,7 @@ def test_a_step_reports_its_figures_per_domain(server):
     import asyncio
 
     from client import TrainConfig, TrainableModel
-    from client.train import run_groups
+    from client.rollout_source import run_groups
     from examples.demo.task import make_example
 
     example = make_example()

@@ -273,7 +273,7 @@ def test_a_store_that_fails_around_a_committed_step_neither_refuses_the_job_nor_
         exc.sqlite_errorcode = sqlite3.SQLITE_FULL
         return exc
 
-    put_event, put_job = store.put_event, store.put_job
+    put_event, put_job = store.jobs.put_event, store.jobs.put
 
     def refuse_queued(job_id, seq, type_, data):
         if type_ == "queued" and "queued" not in refused:
@@ -287,7 +287,7 @@ def test_a_store_that_fails_around_a_committed_step_neither_refuses_the_job_nor_
             raise full()
         return put_job(record)
 
-    store.put_event, store.put_job = refuse_queued, refuse_succeeded
+    store.jobs.put_event, store.jobs.put = refuse_queued, refuse_succeeded
     with serve_in_thread(app) as port:
         url = f"http://127.0.0.1:{port}"
         async def go():

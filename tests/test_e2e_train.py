@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 
-from client.train import Summary
+from client.summary import Summary
 from tests.conftest import ROOT
 
 

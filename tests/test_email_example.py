@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from client.train import Summary, judge_figures
+from client.summary import Summary, judge_figures
 from examples.email import EVAL_SIZE, make_example
 from examples.email.answers import exact_match
 from examples.email.mailbox import Mailbox, SearchError, generate, mailbox_path

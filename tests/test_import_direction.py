@@ -1,7 +1,8 @@
 """Imports point one way: protocol at the bottom, client on top, examples above (DESIGN.md, "Layout").
 
 Every import statement of every module is read, those inside functions too, so a lazy import that
-points the wrong way fails here as well. The packages a laptop installs never import torch.
+points the wrong way fails here as well. The packages a laptop installs never import torch, and no
+module imports itself back through a circle of others (imports under `if TYPE_CHECKING:` never run).
 """
 
 from __future__ import annotations
@@ -69,3 +70,77 @@ def test_a_planted_wrong_import_is_caught(tmp_path):
     assert len(found) == 2
     assert found[0].startswith("rollouts/agent.py:3 imports server")
     assert found[1].startswith("rollouts/agent.py:4 imports torch")
+
+
+def _module(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, lazy ones too, except those under `if TYPE_CHECKING:` (never run)."""
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+               for stmt in node.body for n in ast.walk(stmt)}
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skipped]
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports; `from a import b` is an edge to a.b when b is a module."""
+    paths = {_module(p, root): p for package in ALLOWED for p in (root / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        edges: set[str] = set()
+        for node in _runtime_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in paths}
+                continue
+            module = node.module or ""
+            if node.level:
+                module = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+            edges |= {f"{module}.{a.name}" if f"{module}.{a.name}" in paths else module for a in node.names}
+        graph[name] = {m for m in edges if m in paths and m != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_back_in_a_circle():
+    assert circles(import_graph(ROOT)) == []
+
+
+def test_a_planted_circle_is_caught(tmp_path):
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "rollouts" / "__init__.py").write_text("")
+    (tmp_path / "rollouts" / "agent.py").write_text("from rollouts.env import Example\n")
+    (tmp_path / "rollouts" / "env.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rollouts.tools import T\n"
+        "def run():\n    from . import agent  # lazy, still a circle\n")
+    (tmp_path / "rollouts" / "tools.py").write_text("from rollouts import env\n")
+    assert circles(import_graph(tmp_path)) == [["rollouts.agent", "rollouts.env"]]

@@ -14,9 +14,10 @@ import httpx
 import pytest
 
 from client import TrainConfig, TrainableModel
-from client.train import LoopConfig, train_loop
+from client.loop import train_loop
+from client.loop_config import LoopConfig
 from rollouts.env import Environment, Example, RolloutSettings, Score, Task, ToolError
-from server.training.pins import PIN_FILE
+from server.runs.pins import PIN_FILE
 from test_training_service import _groups, _with_rewards
 
 CONFIG = TrainConfig(learning_rate=1e-3)

@@ -14,7 +14,8 @@ from client.errors import ConfigError
 from client.ray_rollouts import (CLIENT_PACKAGES, RayWorkers, address_host_port, least_busy, lost_message,
                                  loopback_unreachable, not_started_line, package_dirs, packages_to_ship,
                                  started_within)
-from client.train import LoopConfig, loop_config, ray_options
+from client.loop_config import LoopConfig
+from client.train import loop_config, ray_options
 from tests.conftest import ROOT, free_port
 
 

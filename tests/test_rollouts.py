@@ -156,7 +156,7 @@ def test_client_side_never_imports_torch():
 def test_each_batch_of_rollouts_closes_its_client():
     """A client left to the garbage collector stalled later batches for minutes (responses sat
     unread in socket buffers); `client.train` closes each batch's client when the batch is done."""
-    from client.train import run_groups
+    from client.rollout_source import run_groups
 
     clients: list[AsyncOpenAI] = []
 

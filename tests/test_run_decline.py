@@ -11,7 +11,7 @@ import pytest
 
 from client.decline import (best_eval, entropy_collapse, first_entropy, held_out_decline, keep_best_line,
                             stderr_of)
-from client.train import Summary
+from client.summary import Summary
 from server.api.ui_routes import best_held_out
 
 

@@ -27,8 +27,8 @@ import pytest
 from client import RunInUse, ServerError, TrainableModel
 from conftest import ROOT, ServerProcess
 from server.app import bounded
-from server.training.base_models import misfit
-from server.training.leases import LeaseHeld, Leases
+from server.runs.base_models import misfit
+from server.runs.leases import LeaseHeld, Leases
 from tests.real_models import CACHE, smollm2_gguf
 from tests.test_training_service import _groups, _with_rewards
 

@@ -11,7 +11,8 @@ import asyncio
 
 import httpx
 
-from client.train import LoopConfig, train_loop
+from client.loop import train_loop
+from client.loop_config import LoopConfig
 from rollouts.seeding import derive_seed, next_request_seed, seeded
 
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import torch
 
-from client import ServerError, TrainableModel, TrajectoryGroup
+from client import ServerError, TrainableModel
 from server.memory import GB
 from server.training import memory
 from server.training.bounds import TooLarge
@@ -90,7 +90,8 @@ def test_without_a_budget_a_cpu_keeps_micro_batches_small_and_a_budget_given_is_
 
 
 def test_a_sequence_past_the_budget_is_refused_with_the_figures_and_what_to_lower():
-    room = memory.Room(held=int(1.5 * GB), limit=2 * GB, source="its memory budget of 2.00 GB (art-server --memory-budget)")
+    room = memory.Room(held=int(1.5 * GB), limit=2 * GB,
+                       source="its memory budget of 2.00 GB (art-server --memory-budget)")
     memory.check_longest(100, 10**6, room, checkpointing=False)  # 0.37 GB with the logit chunk: fits
     with pytest.raises(TooLarge) as e:
         memory.check_longest(1000, 10**6, room, checkpointing=False)
@@ -118,7 +119,7 @@ def _embedded_replica(seed: int):
 
     from server.model_host import ModelHost
     from server.settings import DEFAULT_MODEL_DIR
-    from server.training.data_parallel import Replica
+    from server.training.data_parallel import TrainingReplica
 
     host = ModelHost(DEFAULT_MODEL_DIR, device="cpu")
     torch.manual_seed(seed)
@@ -127,7 +128,7 @@ def _embedded_replica(seed: int):
     params = host.adapter_params("trained")
     for p in params:
         p.requires_grad_(True)
-    return Replica(host, "trained", torch.optim.SGD(params, lr=1e-3), params)
+    return TrainingReplica(host, "trained", torch.optim.SGD(params, lr=1e-3), params)
 
 
 def _sequences(n: int, seed: int):

@@ -75,7 +75,7 @@ def merge(base: Path, checkpoint_root: Path, out: Path) -> None:
 
     from protocol.config import RunSpec
     from server.model_host import lora_targets
-    from server.training import checkpoints
+    from server.runs import checkpoints
 
     step = checkpoints.steps(checkpoint_root)[-1]
     spec = RunSpec.model_validate_json((checkpoint_root.parent / "run.json").read_text())

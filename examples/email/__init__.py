@@ -4,12 +4,12 @@ by searching it (SQLite FTS5), reading messages and answering with the ids of th
 Reward of a training rollout: `judge_weight` x RULER + (1 - judge_weight) x exact match, 0.5 each
 by default. Exact match (examples/email/answers.py) is 1 when the answer states the question's
 fact (an amount, a date, a place, an order number, a code; however it is written) and no other
-value of its kind. RULER (rewards/ruler.py) ranks the rollouts of a group against each other, with
+value of its kind. RULER (rewards/ruler/) ranks the rollouts of a group against each other, with
 the question, its reference answer and the id of the message it comes from in the rubric; its
 judge is the one `client.train --judge` names, by default art-server's base model through the
 server's own OpenAI API (never the adapter being trained, so the judge does not drift with the
 policy). A judgment that fails (the judge unreachable, or no valid verdict after the retries)
-excludes its group, counted, as rewards/ruler.py does; the judge's malformed replies are counted
+excludes its group, counted, as rewards/ruler/ does; the judge's malformed replies are counted
 per group and per step. Held-out evaluation runs one rollout per question, where a relative judge
 has nothing to compare: its reward is the exact match alone.
 

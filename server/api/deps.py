@@ -17,12 +17,13 @@ from server.export_queue import ExportQueue
 from server.model_host import ModelHost
 from server.ownership import Owners
 from server.response_store import ResponseStore
+from server.runs.facade import Runs
+from server.runs.run import Run
 from server.serving import ServedModels
 from server.sessions import SessionError, Sessions
 from server.settings import Settings
 from server.store import Store
 from server.training.jobs import JobManager
-from server.training.runs import Run, RunManager
 
 
 @dataclass
@@ -31,7 +32,7 @@ class ServerState:
     host: ModelHost
     engine: Engine
     served: ServedModels
-    runs: RunManager
+    runs: Runs
     store: Store
     jobs: JobManager
     export_queue: ExportQueue | None = None  # when --export asks for exporters

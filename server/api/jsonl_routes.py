@@ -40,8 +40,8 @@ async def export_jsonl(run: RunDep, state: State, step: int | None = Query(None,
     store, name = state.store, run.name
 
     def lines() -> Iterator[bytes]:  # one step at a time: a long run's export need not fit in memory
-        for s in [step] if step is not None else store.trajectory_steps(name):
-            for r in store.trajectories(name, s, split):
+        for s in [step] if step is not None else store.trajectories.steps(name):
+            for r in store.trajectories.of(name, s, split):
                 rec = {"run": name, "step": r["step"], "split": r["split"], "group_index": r["group_index"],
                        "traj_index": r["traj_index"], "reward": r["reward"], "trajectory": r["data"]}
                 yield (json.dumps(rec) + "\n").encode()
@@ -89,5 +89,5 @@ async def import_jsonl(run: RunDep, request: Request, state: State,
     for step, row_split, g, t, reward, data in rows:
         by_key.setdefault((step, row_split), []).append((g, t, reward, data))
     for (step, row_split), batch in sorted(by_key.items()):
-        await asyncio.to_thread(state.store.put_trajectories, run.name, step, row_split, batch)
+        await asyncio.to_thread(state.store.trajectories.put, run.name, step, row_split, batch)
     return {"stored": len(rows), "steps": sorted({k[0] for k in by_key}), "splits": sorted({k[1] for k in by_key})}

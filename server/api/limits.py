@@ -16,9 +16,9 @@ from starlette.exceptions import HTTPException
 
 from server.api.auth import key_problem
 from server.api.errors import APIError, error_response
+from server.runs.checkpoints import CheckpointDamaged
 from server.settings import Settings
 from server.store import storage_failure
-from server.training.checkpoints import CheckpointDamaged
 
 log = logging.getLogger("artisan.api")
 # A \\uXXXX escape for a surrogate, not itself escaped (an even run of backslashes before it).

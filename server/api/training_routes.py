@@ -18,13 +18,14 @@ from server.api.auth import Caller, CallerDep, require_api_key
 from server.api.deps import RunDep, ServerState, State, may_see_run, other_model
 from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
+from server.runs.base_models import OtherModel, RunConflict
+from server.runs.leases import LEASE_SECONDS, LeaseHeld
+from server.runs.run import Run
 from server.store import trajectory_rows
-from server.training import bounds, pins
+from server.training import bounds
 from server.training.assemble import AssemblyError, check_submission
 from server.training.jobs import ACTIVE, KeyConflict
 from server.ownership import NameTaken, RunLimit
-from server.training.leases import LEASE_SECONDS, LeaseHeld
-from server.training.runs import OtherModel, Run, RunConflict
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))
@@ -90,7 +91,7 @@ async def list_runs(state: State, who: CallerDep) -> dict[str, Any]:
 
 @router.get("/v1/runs/{name}", responses=RUN)
 async def get_run(run: RunDep, state: State) -> dict[str, Any]:
-    return {**run.info(), "steps": state.store.steps(run.name)}
+    return {**run.info(), "steps": state.store.steps.of(run.name)}
 
 
 @router.delete("/v1/runs/{name}", responses=RUN)
@@ -102,7 +103,7 @@ async def delete_run(run: RunDep, state: State) -> dict[str, Any]:
     try:
         await asyncio.to_thread(state.jobs.cancel_run, run.name)
         await asyncio.to_thread(state.runs.remove, run)
-        await asyncio.to_thread(state.store.delete_run, run.name)
+        await asyncio.to_thread(state.store.runs.delete, run.name)
         state.owners.release(run.name)  # its name, and a place in its key's count of runs
     finally:
         state.runs.deleted(run.name)
@@ -120,7 +121,7 @@ def lease_conflict(e: LeaseHeld) -> APIError:
 
 def check_lease(run: RunDep, state: State, lease: Annotated[str | None, Header(alias="X-Artisan-Lease",
                                                                              max_length=64)] = None) -> None:
-    """A job is queued unless another client holds the run's lease (server/training/leases.py)."""
+    """A job is queued unless another client holds the run's lease (server/runs/leases.py)."""
     try:
         state.runs.leases.check(run.name, lease)
     except LeaseHeld as e:
@@ -228,13 +229,13 @@ async def job_events(job_id: JobId, request: Request, state: State, who: CallerD
 
 @router.get("/v1/runs/{name}/checkpoints", responses=RUN)
 async def list_checkpoints(run: RunDep, state: State) -> dict[str, Any]:
-    return {"data": state.runs.list_checkpoints(run)}
+    return {"data": state.runs.saved.entries(run)}
 
 
 @router.delete("/v1/runs/{name}/checkpoints/{step}", responses=RUN)
 async def delete_checkpoint(run: RunDep, step: StepPath, state: State) -> dict[str, Any]:
     try:
-        state.runs.delete_checkpoint(run, step)
+        state.runs.saved.delete(run, step)
     except ValueError as e:
         raise APIError(409, str(e), code="checkpoint_in_use")
     except KeyError:
@@ -244,8 +245,8 @@ async def delete_checkpoint(run: RunDep, step: StepPath, state: State) -> dict[s
 
 @router.post("/v1/runs/{name}/checkpoints/prune", responses=RUN)
 async def prune_checkpoints(run: RunDep, body: PruneRequest, state: State) -> dict[str, Any]:
-    deleted = state.runs.prune(run, body.best_metric, body.mode, body.keep_last)
-    return {"deleted": deleted, "kept": [c["step"] for c in state.runs.list_checkpoints(run)]}
+    deleted = state.runs.saved.prune(run, body.best_metric, body.mode, body.keep_last)
+    return {"deleted": deleted, "kept": [c["step"] for c in state.runs.saved.entries(run)]}
 
 
 class RetainRequest(BaseModel):
@@ -266,7 +267,7 @@ async def log_groups(run: RunDep, body: LogRequest, state: State) -> dict[str, A
     """Store evaluation (or any non-training) groups for browsing; nothing is trained."""
     step = body.step if body.step is not None else run.step
     rows = trajectory_rows(body.groups)
-    await asyncio.to_thread(state.store.put_trajectories, run.name, step, body.split, rows)
+    await asyncio.to_thread(state.store.trajectories.put, run.name, step, body.split, rows)
     if state.export_queue is not None:  # queued; a slow exporter never delays this answer
         state.export_queue.submit(run.name, step, body.split, body.groups)
     rewards = [r[2] for r in rows]
@@ -278,7 +279,7 @@ async def log_groups(run: RunDep, body: LogRequest, state: State) -> dict[str, A
 async def list_trajectories(run: RunDep, state: State, step: int | None = Query(None, ge=0, le=INT64),
                             split: str | None = Query(None, pattern=SPLIT)) -> dict[str, Any]:
     """Stored trajectories with their token ids and logprobs (what was trained or logged)."""
-    rows = await asyncio.to_thread(state.store.trajectories, run.name, step, split)
+    rows = await asyncio.to_thread(state.store.trajectories.of, run.name, step, split)
     return {"data": rows}
 
 
@@ -293,9 +294,9 @@ async def serve_step(run: RunDep, body: ServingRequest, state: State) -> dict[st
     back to its latest. `name@N` keeps serving every step; training goes on from the latest weights,
     and the run's next trained step is served under its name again. Survives a restart."""
     try:
-        await asyncio.to_thread(pins.pin, state.runs, run, body.step)
+        await asyncio.to_thread(state.runs.pin, run, body.step)
     except KeyError:
-        if body.step in {s["step"] for s in await asyncio.to_thread(state.store.steps, run.name)}:
+        if body.step in {s["step"] for s in await asyncio.to_thread(state.store.steps.of, run.name)}:
             raise APIError(409, f"run {run.name!r} trained step {body.step}, but its checkpoint was deleted: it "
                                 f"cannot be served (GET /v1/runs/{run.name}/checkpoints lists the steps that can)",
                            param="step", code="checkpoint_not_found") from None

@@ -57,7 +57,7 @@ async def ui_static(name: str) -> FileResponse:
 def _known_runs(state: ServerState, who: Caller) -> dict[str, dict[str, Any]]:
     """Runs the server hosts, plus any the store remembers whose checkpoints are gone, of those the
     caller may see."""
-    out = {r["name"]: {"name": r["name"], "project": r["project"], "step": None} for r in state.store.runs()}
+    out = {r["name"]: {"name": r["name"], "project": r["project"], "step": None} for r in state.store.runs.all()}
     for run in state.runs.all():
         out[run.name] = {"name": run.name, "project": run.spec.project, "step": run.step,
                          # what the bare name serves: an earlier step while one is pinned (--keep-best)
@@ -93,7 +93,7 @@ async def ui_runs(state: State, who: CallerDep) -> dict[str, Any]:
     store = state.store
     runs = list(_known_runs(state, who).values())
     for run in runs:
-        curves = _curves(await asyncio.to_thread(store.reward_by_step, run["name"]))
+        curves = _curves(await asyncio.to_thread(store.trajectories.reward_by_step, run["name"]))
         run["last_reward"] = curves["train"][-1]["reward_mean"] if curves.get("train") else None
         run["last_eval_reward"] = curves["val"][-1]["reward_mean"] if curves.get("val") else None
     return {"data": runs}
@@ -103,8 +103,8 @@ async def ui_runs(state: State, who: CallerDep) -> dict[str, Any]:
 async def ui_run(name: RunName, state: State, who: CallerDep) -> dict[str, Any]:
     run = _require_run(state, who, name)
     store = state.store
-    steps = await asyncio.to_thread(store.steps, name)
-    curves = _curves(await asyncio.to_thread(store.reward_by_step, name))
+    steps = await asyncio.to_thread(store.steps.of, name)
+    curves = _curves(await asyncio.to_thread(store.trajectories.reward_by_step, name))
     return {**run, "steps": [{k: s[k] for k in ("step", "kind", "metrics", "warnings")} for s in steps],
             "rewards": curves, "best_held_out": best_held_out(curves.get("val", []))}
 
@@ -114,7 +114,7 @@ async def ui_attempts(name: RunName, state: State, who: CallerDep) -> dict[str, 
     """Every attempt at a step of the run, oldest first, trained or not, with its figures and
     warnings: what explains a run that does not learn."""
     _require_run(state, who, name)
-    rows = await asyncio.to_thread(state.store.attempts, name)
+    rows = await asyncio.to_thread(state.store.steps.attempts, name)
     return json_safe({"run": name, "data": rows})
 
 
@@ -123,7 +123,7 @@ async def ui_step_groups(name: RunName, state: State, who: CallerDep, step: int 
                          split: str = Query("train", max_length=32)) -> dict[str, Any]:
     """A step's groups, those with the widest reward spread first: where the learning signal is."""
     _require_run(state, who, name)
-    rows = await asyncio.to_thread(state.store.find_trajectories, name, step=step, split=split,
+    rows = await asyncio.to_thread(state.store.trajectories.find, name, step=step, split=split,
                                    limit=100_000)
     groups: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
@@ -153,7 +153,7 @@ async def ui_trajectories(name: RunName, state: State, who: CallerDep, step: int
                           limit: int = Query(200, ge=1, le=5000)) -> dict[str, Any]:
     """Summaries matching every filter given; messages and tokens come from /trajectories/{id}."""
     _require_run(state, who, name)
-    rows = await asyncio.to_thread(state.store.find_trajectories, name, step=step, split=split,
+    rows = await asyncio.to_thread(state.store.trajectories.find, name, step=step, split=split,
                                    group=group, min_reward=min_reward, max_reward=max_reward,
                                    meta_key=meta_key or None, meta_value=meta_value, text=q or None,
                                    limit=limit + 1)
@@ -162,7 +162,7 @@ async def ui_trajectories(name: RunName, state: State, who: CallerDep, step: int
 
 @api.get("/trajectories/{traj_id}", responses=documented(404, 409))
 async def ui_trajectory(state: State, who: CallerDep, traj_id: int = PathParam(ge=0, le=INT64)) -> dict[str, Any]:
-    row = await asyncio.to_thread(state.store.trajectory, traj_id)
+    row = await asyncio.to_thread(state.store.trajectories.get, traj_id)
     if row is None or not may_see_run(state, who, row["run"]):
         raise APIError(404, f"trajectory {traj_id} does not exist", code="trajectory_not_found")
     return json_safe(row)

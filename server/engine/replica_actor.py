@@ -41,7 +41,7 @@ class ReplicaActor:
         import torch
 
         from server.model_host import load_model
-        from server.engine.scheduler import TorchEngine
+        from server.engine.torch_engine import TorchEngine
 
         torch.set_num_threads(1)  # one core per replica: more threads would contend with the other replicas
         self.incarnation = uuid.uuid4().hex  # a restarted actor is a new one, with no adapters loaded

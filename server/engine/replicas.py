@@ -8,7 +8,7 @@ go to the least loaded), and its events stream back through a Ray streaming gene
 request is token-exact on any replica: each one runs the same engine on the same weights.
 
 Adapters: `load_adapter` returns once every replica that is up has the adapter, so a step is served
-under the run's name only when every replica can decode it (runs.py loads, then publishes). The
+under the run's name only when every replica can decode it (runs/served_steps.py loads, then publishes). The
 server keeps every loaded adapter (config and weights in Ray's object store); a replica that comes
 back from a restart is given all of them before it is routed to again.
 

@@ -10,7 +10,7 @@ from protocol.jobs import RLJob, SFTJob
 
 JOB_STEPS_FLAG = "art-server --max-job-optimizer-steps"
 # Bytes per trainable LoRA parameter: its fp32 value, its gradient and AdamW's two moments, and the
-# served snapshots (SERVED_SNAPSHOTS in runs.py, 3) of the value, each a copy in the engine.
+# served snapshots (SERVED_SNAPSHOTS in runs/served_steps.py, 3) of the value, each a copy in the engine.
 BYTES_PER_LORA_PARAM = 4 * (1 + 1 + 2 + 3)
 
 

@@ -24,10 +24,11 @@ from protocol.jobs import RLJob, SFTJob, TrainResult
 from protocol.metrics import StepMetrics
 from server.export_queue import ExportQueue
 from server.faults import crash_point
+from server.runs import checkpoints
+from server.runs.facade import Runs
+from server.runs.run import Run
 from server.store import Store, trajectory_rows
-from server.training import checkpoints
 from server.training.health import step_warnings
-from server.training.runs import Run, RunManager
 from server.training.steps import ComputedStep
 
 
@@ -35,7 +36,7 @@ from server.training.steps import ComputedStep
 class CommitTargets:
     """Everything a committed step reaches."""
 
-    runs: RunManager  # checkpoints and serving
+    runs: Runs  # checkpoints and serving
     store: Store
     export_queue: ExportQueue | None = None
     keep_trajectory_steps: int | None = None  # None keeps every step's trajectories
@@ -60,14 +61,14 @@ def commit_step(to: CommitTargets, run: Run, attempt: Attempt, computed: Compute
     """The attempt's end when nothing failed: stored as untrained, or committed stage by stage."""
     m, warnings = computed.metrics, computed.warnings
     if not computed.trained:
-        to.store.put_attempt(run.name, attempt.step, attempt.kind, attempt.job_id, "untrained",
-                             m.model_dump(mode="json"), warnings)
+        to.store.steps.put_attempt(run.name, attempt.step, attempt.kind, attempt.job_id, "untrained",
+                                   m.model_dump(mode="json"), warnings)
         return TrainResult(step=run.step, trained=False, metrics=m, warnings=warnings, job_id=attempt.job_id)
 
     groups = attempt.request.groups if isinstance(attempt.request, RLJob) else []
     figures = m.model_dump(mode="json")
-    to.store.put_step(run.name, attempt.step, attempt.kind, figures, warnings, trajectory_rows(groups),
-                      pending=True, job_id=attempt.job_id)
+    to.store.steps.put(run.name, attempt.step, attempt.kind, figures, warnings, trajectory_rows(groups),
+                       pending=True, job_id=attempt.job_id)
     attempt.stored = True
     crash_point("pending_stored")
 
@@ -80,13 +81,13 @@ def commit_step(to: CommitTargets, run: Run, attempt: Attempt, computed: Compute
     to.runs.publish(run)
     m.publish_seconds = time.perf_counter() - started
 
-    to.store.confirm_step(run.name, run.step)
+    to.store.steps.confirm(run.name, run.step)
     crash_point("step_confirmed")
 
     if groups and to.export_queue is not None:
         to.export_queue.submit(run.name, run.step, "train", groups)
     if to.keep_trajectory_steps is not None:
-        to.store.prune_trajectories(run.name, to.keep_trajectory_steps)
+        to.store.trajectories.prune(run.name, to.keep_trajectory_steps)
     return TrainResult(step=run.step, trained=True, metrics=m, warnings=warnings, job_id=attempt.job_id)
 
 
@@ -97,8 +98,8 @@ def roll_back(to: CommitTargets, run: Run, attempt: Attempt, outcome: str, why: 
     and optimizer state back at its latest checkpoint."""
     to.runs.restore(run)  # first: a store that cannot be written (a full disk) must not leave trained weights
     if attempt.stored:
-        to.store.settle_pending(run.name, set(checkpoints.steps(run.checkpoint_dir)), outcome, why)
+        to.store.steps.settle_pending(run.name, set(checkpoints.steps(run.checkpoint_dir)), outcome, why)
     else:
         warnings = [*step_warnings(metrics), why] if metrics is not None else [why]
-        to.store.put_attempt(run.name, attempt.step, attempt.kind, attempt.job_id, outcome,
-                             metrics.model_dump(mode="json") if metrics is not None else {}, warnings)
+        to.store.steps.put_attempt(run.name, attempt.step, attempt.kind, attempt.job_id, outcome,
+                                   metrics.model_dump(mode="json") if metrics is not None else {}, warnings)

@@ -58,9 +58,9 @@ import torch
 import torch.distributed as dist
 
 from server.model_host import ModelHost
+from server.runs.run import new_optimizer
 from server.training.assemble import TrainSequence
 from server.training.optimize import Cancelled, OptimizeStats, OptimPlan, Shard, TokenLoss, optimize
-from server.training.runs import new_optimizer
 
 log = logging.getLogger("artisan.data_parallel")
 START_TIMEOUT = 300.0  # seconds for the training processes to be placed and load the model
@@ -72,7 +72,7 @@ class TrainProcessFailed(RuntimeError):
 
 
 @dataclass
-class Replica:
+class TrainingReplica:
     """What `optimize` trains: a model host, the adapter being trained in it, its parameters and
     optimizer. A run is one; a training process builds its own over its copy of the adapter."""
 
@@ -115,7 +115,7 @@ class TrainProcess:
         self.host = ModelHost(Path(model_dir), device=device, dtype=dtype)
         if gradient_checkpointing:
             self.host.enable_gradient_checkpointing()
-        self.replicas: dict[str, Replica] = {}
+        self.replicas: dict[str, TrainingReplica] = {}
         self._stopped = 0  # the id of the last step told to stop
         self._lock = threading.Lock()
 
@@ -157,14 +157,14 @@ class TrainProcess:
             state = self.host.adapter_state(adapter)
         return RankResult(stats, state, replica.optimizer.state_dict())
 
-    def _replica(self, adapter: str, lora_config: Any) -> Replica:
+    def _replica(self, adapter: str, lora_config: Any) -> TrainingReplica:
         if adapter not in self.replicas:
             with self.host.lock:
                 self.host.add_adapter(adapter, lora_config)
                 params = self.host.adapter_params(adapter)
                 for p in params:
                     p.requires_grad_(True)
-            self.replicas[adapter] = Replica(self.host, adapter, new_optimizer(params), params)
+            self.replicas[adapter] = TrainingReplica(self.host, adapter, new_optimizer(params), params)
         return self.replicas[adapter]
 
 

@@ -28,12 +28,14 @@ from protocol.jobs import TERMINAL_EVENTS, RLJob, SFTJob, TrainResult
 from protocol.metrics import StepMetrics
 from server.export_queue import ExportQueue
 from server.faults import crash_point
+from server.runs import checkpoints
+from server.runs.facade import Runs
+from server.runs.run import Run
 from server.store import Store, storage_failure
-from server.training import checkpoints, steps
+from server.training import steps
 from server.training.assemble import Cancelled
 from server.training.commit import Attempt, CommitTargets, commit_step, roll_back
 from server.training.optimize import optimize
-from server.training.runs import Run, RunManager
 
 log = logging.getLogger("artisan.jobs")
 ACTIVE = ("queued", "running")
@@ -78,7 +80,7 @@ class Job:
 
 
 class JobManager:
-    def __init__(self, runs: RunManager, store: Store, export_queue: ExportQueue | None = None,
+    def __init__(self, runs: Runs, store: Store, export_queue: ExportQueue | None = None,
                  keep_trajectory_steps: int | None = None, time_limit: float = 6 * 3600,
                  max_optimizer_steps: int | None = None, optimize_step: Callable[..., Any] = optimize):
         self.runs, self.store = runs, store
@@ -117,8 +119,8 @@ class JobManager:
         lost: list[str] = []  # steps the checkpoints hold and the store does not: its WAL was lost or damaged
         for run in self.runs.all():
             written = checkpoints.steps(run.checkpoint_dir)
-            self.store.settle_pending(run.name, set(written))
-            stored = {s["step"] for s in self.store.steps(run.name)}
+            self.store.steps.settle_pending(run.name, set(written))
+            stored = {s["step"] for s in self.store.steps.of(run.name)}
             for step in written:
                 try:
                     meta = checkpoints.read_meta(run.checkpoint_dir, step)
@@ -129,8 +131,8 @@ class JobManager:
                     continue
                 if step not in stored:
                     lost.append(f"{run.name} step {step}")
-                    self.store.put_step(run.name, step, meta["kind"], meta.get("metrics", {}), meta.get("warnings", []),
-                                        [], job_id=meta.get("job_id"))
+                    self.store.steps.put(run.name, step, meta["kind"], meta.get("metrics", {}),
+                                         meta.get("warnings", []), [], job_id=meta.get("job_id"))
                 if meta.get("job_id"):
                     done_by_job[meta["job_id"]] = TrainResult(
                         step=step, trained=True, metrics=StepMetrics.model_validate(meta.get("metrics", {})),
@@ -140,7 +142,7 @@ class JobManager:
                               f"checkpoints hold ({', '.join(lost[:5])}{', ...' if len(lost) > 5 else ''}): their "
                               f"figures were restored from the checkpoints; their trajectories are gone")
         for status in ACTIVE:
-            for rec in self.store.jobs(status):
+            for rec in self.store.jobs.all(status):
                 job = self._from_record(rec)
                 done = done_by_job.get(job.id)
                 if done is not None:
@@ -149,13 +151,13 @@ class JobManager:
                 else:
                     job.status, job.error = "interrupted", "the server restarted before this job finished; resubmit it"
                     self._event(job, "interrupted", {"message": job.error})
-                self.store.put_job(job.record())
+                self.store.jobs.put(job.record())
 
     def _from_record(self, rec: dict[str, Any]) -> Job:
         job = Job(rec["id"], rec["run"], rec["kind"], rec["idempotency_key"], rec.get("body_hash") or "",
                   status=rec["status"], result=rec["result"], error=rec["error"], created=rec["created"],
                   attempt_from=rec.get("attempt_from") or 0)
-        job.n_events = self.store.count_events(job.id)
+        job.n_events = self.store.jobs.count_events(job.id)
         return job
 
     # ---- submit / follow / cancel ----------------------------------------------------------------
@@ -164,7 +166,7 @@ class JobManager:
         key, digest = request.idempotency_key or uuid.uuid4().hex, body_hash(request)
         with self._lock:
             known = next((j for j in self._active.values() if j.run == run.name and j.key == key), None)
-            rec = None if known else self.store.job_by_key(run.name, key)
+            rec = None if known else self.store.jobs.by_key(run.name, key)
             if known is None and rec is not None:
                 known = self._from_record(rec)
             if known is not None and known.body_hash and known.body_hash != digest:
@@ -174,7 +176,7 @@ class JobManager:
             job = Job(known.id if known else "job-" + uuid.uuid4().hex[:16], run.name, request.kind, key, digest,
                       request=request)
             job.n_events = job.attempt_from = known.n_events if known else 0
-            self.store.put_job(job.record())  # first: a store that cannot take it (a full disk) leaves no trace
+            self.store.jobs.put(job.record())  # first: a store that cannot take it (a full disk) leaves no trace
             self._active[job.id] = job
         try:
             self._event(job, "queued", {"position": self.queued()})
@@ -223,10 +225,10 @@ class JobManager:
                 return job.record()
             if job_id in self._unstored:
                 return self._unstored[job_id][0]
-        return self.store.job(job_id)
+        return self.store.jobs.get(job_id)
 
     def events(self, job_id: str, after: int = -1) -> list[dict[str, Any]]:
-        events = self.store.events(job_id, after)
+        events = self.store.jobs.events(job_id, after)
         unstored = self._unstored.get(job_id)
         if unstored is not None and unstored[1]["seq"] > after and not any(e["type"] in TERMINAL_EVENTS for e in events):
             events.append(unstored[1])
@@ -237,7 +239,7 @@ class JobManager:
         with self._lock:
             job = self._active.get(job_id)
         if job is None:
-            return self.store.job(job_id)
+            return self.store.jobs.get(job_id)
         job.cancel.set()
         if self._unqueue(job):
             self._finish(job, lambda: self._end(job, "cancelled", "cancelled before it started", "cancelled"))
@@ -258,7 +260,7 @@ class JobManager:
         with self._lock:
             seq = job.n_events
             job.n_events += 1
-            self.store.put_event(job.id, seq, type_, data)
+            self.store.jobs.put_event(job.id, seq, type_, data)
 
     # ---- worker --------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -284,7 +286,7 @@ class JobManager:
         if job.cancel.is_set() or run is None:
             return self._end(job, "cancelled", "cancelled before it started", "cancelled")
         job.status = "running"
-        self.store.put_job(job.record())
+        self.store.jobs.put(job.record())
         self._event(job, "started", {"step": run.step})
         queued = max(0.0, time.time() - job.created)  # this attempt's: a resubmitted job is created anew
         deadline = time.monotonic() + self.time_limit
@@ -321,7 +323,7 @@ class JobManager:
         job.status, job.result = "succeeded", result.model_dump(mode="json")
         self.fault = None
         try:
-            self.store.put_job(job.record())
+            self.store.jobs.put(job.record())
             self._event(job, "result", job.result)
         except Exception as exc:  # the step is committed and served: the job succeeded, whatever the store says
             log.exception("job %s: its success could not be stored", job.id)
@@ -331,7 +333,7 @@ class JobManager:
 
     def _end(self, job: Job, status: str, message: str, event: str) -> None:
         job.status, job.error = status, message
-        self.store.put_job(job.record())
+        self.store.jobs.put(job.record())
         self._event(job, event, {"message": message})
 
     def _remember(self, job: Job, event: dict[str, Any], fault: str) -> None:

@@ -101,7 +101,7 @@ def check_longest(longest: int, per_token: int, r: Room, checkpointing: bool) ->
         return
     lower = "lower the rollouts' max tokens (--max-tokens) or the prompt's length"
     if not checkpointing:
-        lower += ", start art-server with --gradient-checkpointing (about 10x less a token)"
+        lower += ", start art-server with --gradient-checkpointing (10-11x less a token on SmolLM2 and Gemma 3)"
     raise TooLarge(f"training this step's longest sequence ({longest} tokens) needs about {gb(need)} on top of the "
                    f"{gb(r.held)} the server holds, past {r.source}: {lower}, or raise art-server --memory-budget")
 

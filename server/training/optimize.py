@@ -216,7 +216,8 @@ def fit_memory(run: Any, sequences: list[TrainSequence], p: OptimPlan) -> OptimP
 
 
 def _optimize(run: Any, sequences: list[TrainSequence], p: OptimPlan, token_loss: TokenLoss, measure_gap: bool,
-              measure_kl: bool, loss_scale: float, should_stop: Callable[[], bool], shard: Shard | None) -> OptimizeStats:
+              measure_kl: bool, loss_scale: float, should_stop: Callable[[], bool],
+              shard: Shard | None) -> OptimizeStats:
     host, stats = run.host, OptimizeStats()
     for group in run.optimizer.param_groups:
         group["lr"], group["weight_decay"] = p.learning_rate, p.weight_decay

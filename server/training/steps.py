@@ -25,6 +25,7 @@ from protocol.jobs import RLJob, SFTJob
 from protocol.metrics import StepMetrics
 from protocol.staleness import sampled_step, split_by_staleness, staleness
 from protocol.trajectory import Conversation, TrajectoryGroup
+from server.runs.run import Run
 from server.training.advantages import (GroupAdvantages, awr_weights, given_value_advantages, group_advantages,
                                         leave_one_out_advantages)
 from server.training import bounds
@@ -33,7 +34,6 @@ from server.training.health import NON_FINITE_UPDATE, constant_split, step_warni
 from server.training.hyperparams import default_learning_rate
 from server.training.losses import signal_share
 from server.training.optimize import OptimizeStats, OptimPlan, optimize, rl_loss, sft_loss
-from server.training.runs import Run
 
 
 @dataclass

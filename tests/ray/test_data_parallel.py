@@ -20,11 +20,11 @@ from safetensors.torch import load_file
 from client import ServerError, TrainConfig, TrainableModel
 from server.model_host import ModelHost
 from server.ray_cluster import connect
+from server.runs.run import new_optimizer
 from server.settings import DEFAULT_MODEL_DIR
 from server.training.assemble import TrainSequence
-from server.training.data_parallel import DataParallelTrainer, Replica, TrainProcessFailed
+from server.training.data_parallel import DataParallelTrainer, TrainingReplica, TrainProcessFailed
 from server.training.optimize import Cancelled, OptimPlan, optimize, rl_loss, sft_loss
-from server.training.runs import new_optimizer
 from tests.conftest import ServerProcess
 from tests.test_training_service import _groups, _with_rewards
 
@@ -60,11 +60,11 @@ def trainer(ray, ray_cluster, host):
     t.shutdown()
 
 
-def _replica(host: ModelHost, state: dict[str, torch.Tensor]) -> Replica:
+def _replica(host: ModelHost, state: dict[str, torch.Tensor]) -> TrainingReplica:
     with host.lock:
         host.load_adapter_state("dp", state)
     params = host.adapter_params("dp")
-    return Replica(host, "dp", new_optimizer(params), params)
+    return TrainingReplica(host, "dp", new_optimizer(params), params)
 
 
 def _sequences(vocab: int, n: int = 12, seed: int = 1) -> list[TrainSequence]:

@@ -13,7 +13,7 @@ import pytest
 
 from client.model import TrainableModel
 from client.ray_rollouts import RayRolloutPool, RayWorkers
-from client.train import run_groups
+from client.rollout_source import run_groups
 from examples.demo.task import ShopExample
 from protocol.choices import choice_logprobs, choice_sampling, choice_token_ids
 from tests.conftest import ROOT

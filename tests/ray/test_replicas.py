@@ -18,7 +18,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from client import TrainConfig, TrainableModel
 from server.engine.sampling import SamplingParams
-from server.training.runs import adapter_name
+from server.runs.run import adapter_name
 from tests.conftest import ServerProcess
 from tests.test_training_service import _groups, _with_rewards
 

@@ -24,7 +24,8 @@ from tau2.run import load_task_splits  # noqa: E402
 from client import TrainConfig, TrainableModel  # noqa: E402
 from client.errors import ConfigError  # noqa: E402
 from client.local_server import ROOT, LocalServer  # noqa: E402
-from client.train import example_options, load_example, run_groups  # noqa: E402
+from client.examples import example_options, load_example  # noqa: E402
+from client.rollout_source import run_groups  # noqa: E402
 from examples.tau2 import DOMAINS, make_example  # noqa: E402
 from protocol.choices import choice_logprobs, choice_sampling, choice_token_ids  # noqa: E402
 from rollouts.env import RolloutSettings  # noqa: E402

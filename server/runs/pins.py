@@ -2,7 +2,7 @@
 `client.train --keep-best`), to serve the best held-out step of a run that got worse.
 
 `run@N` serves every step as before, and training goes on from the latest weights: the run's next
-published step is served under its name again (RunManager.publish drops the pin). The pin is a
+published step is served under its name again (ServedSteps.publish drops the pin). The pin is a
 file in the run's folder, written before it is served, so that a restart serves what was answered;
 it records the latest step it was made at, so that a pin the run trained past (a crash between the
 step's checkpoint and the pin's removal) is dropped at start rather than served.
@@ -15,35 +15,36 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from server.training import base_models, checkpoints
+from server.runs import base_models, checkpoints
 
 if TYPE_CHECKING:
-    from server.training.runs import Run, RunManager
+    from server.runs.run import Run
+    from server.runs.served_steps import ServedSteps
 
 log = logging.getLogger("artisan.runs")
 PIN_FILE = "serving.json"
 
 
-def pin(runs: RunManager, run: Run, step: int | None) -> None:
+def pin(serving: ServedSteps, run: Run, step: int | None) -> None:
     """Serve step `step` under the run's bare name (None, or the latest itself: the latest again).
     KeyError: the run has no checkpoint of that step; CheckpointDamaged: it cannot be read."""
-    with runs._lock:  # the manager's: a step being published or unloaded meanwhile waits
+    with serving.lock:  # the runs' one lock: a step being published or unloaded meanwhile waits
         if step is None or step == run.step:
             drop(run)
             adapter = run.snapshots.get(run.step)
             if adapter is not None:  # else its step is being published, which serves it under the name
-                runs.served.publish(run.name, run.step, adapter, latest=True)
+                serving.served.publish(run.name, run.step, adapter, latest=True)
             return
         if step not in checkpoints.steps(run.checkpoint_dir):
             raise KeyError(step)
-        policy = runs.resolve(f"{run.name}@{step}")  # loaded from its checkpoint when it is not
+        policy = serving.resolve(f"{run.name}@{step}")  # loaded from its checkpoint when it is not
         if policy is None:
             raise KeyError(step)
         tmp = run.dir / f"{PIN_FILE}.tmp"
         tmp.write_text(json.dumps({"step": step, "latest": run.step}))
         os.replace(tmp, run.dir / PIN_FILE)
-        run.serving_step = step  # RunManager._unload keeps its adapter loaded from here on
-        runs.served.publish(run.name, step, policy.adapter, latest=True)
+        run.serving_step = step  # ServedSteps.unload keeps its adapter loaded from here on
+        serving.served.publish(run.name, step, policy.adapter, latest=True)
 
 
 def drop(run: Run) -> None:
@@ -52,7 +53,7 @@ def drop(run: Run) -> None:
     (run.dir / PIN_FILE).unlink(missing_ok=True)
 
 
-def restore(runs: RunManager, run: Run) -> None:
+def restore(serving: ServedSteps, run: Run) -> None:
     """A resumed run's pin, served again; one it trained past, or that cannot be served, is dropped
     (the run is served either way: at its latest step)."""
     path = run.dir / PIN_FILE
@@ -69,7 +70,7 @@ def restore(runs: RunManager, run: Run) -> None:
         drop(run)
         return
     try:
-        pin(runs, run, step)
+        pin(serving, run, step)
     except Exception as exc:
         why = "no checkpoint" if isinstance(exc, KeyError) else base_models.one_line(exc)
         log.warning("run %s: its pinned step %d cannot be served (%s); its name serves step %d", run.name, step, why,

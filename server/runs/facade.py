@@ -1,0 +1,94 @@
+"""The one door to runs that routes and the job worker use: create, delete, resume, commit, roll back, serve."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from protocol.config import RunSpec
+from server.engine.base import Engine
+from server.model_host import ModelHost
+from server.runs import pins
+from server.runs.leases import Leases
+from server.runs.registry import RunRegistry
+from server.runs.run import Run
+from server.runs.saved_steps import SavedSteps
+from server.runs.served_steps import ServedSteps
+from server.serving import Policy, ServedModels
+
+if TYPE_CHECKING:
+    from server.store import Store
+
+
+class Runs:
+    """One trainable LoRA per run on the shared base model, its optimizer, its checkpoints, and the
+    names it is served under (`run` = latest step, `run@N` = step N).
+
+    A run's step number advances in one place, server/training/commit.py, after the step's checkpoint
+    is durable and before it is published (invariant: what is served as `run` is the newest
+    checkpoint); this object holds the mechanics commit uses: checkpoints, restore, publish. One
+    exception, asked for: a pin (server/runs/pins.py) makes `run` serve an earlier step (the best
+    held-out one, `client.train --keep-best`) until the run's next step is published; training goes
+    on from the latest.
+    """
+
+    def __init__(self, host: ModelHost, engine: Engine, served: ServedModels, data_dir: Path,
+                 adapter_memory: int | None = None, memory_reserve: int = 0, store: Store | None = None):
+        lock = threading.RLock()  # one for the runs table and every run's served names
+        table: dict[str, Run] = {}
+        self.serving = ServedSteps(host, engine, served, lock, table.get)
+        self.saved = SavedSteps(host, self.serving)  # a run's checkpoints: listed, deleted, pruned
+        self.registry = RunRegistry(host, engine, data_dir, table, lock, self.serving, self.saved,
+                                    adapter_memory, memory_reserve, store)
+        self.leases = Leases()  # which client trains each run (server/runs/leases.py)
+
+    # ---- which runs there are ------------------------------------------------------------------
+    def get(self, name: str) -> Run | None:
+        return self.registry.get(name)
+
+    def all(self) -> list[Run]:
+        return self.registry.all()
+
+    def resume_all(self) -> None:
+        self.registry.resume_all()
+
+    def get_or_create(self, spec: RunSpec) -> tuple[Run, bool]:
+        return self.registry.get_or_create(spec)
+
+    def forget(self, run: Run) -> None:
+        """Deleting a run, first half: nothing finds it, its name stays taken until `deleted`."""
+        self.registry.forget(run)
+        self.leases.drop(run.name)
+
+    def remove(self, run: Run, grace: float = 60.0) -> None:
+        self.registry.remove(run, grace)
+
+    def deleted(self, name: str) -> None:
+        self.registry.deleted(name)
+
+    def other_model(self, name: str) -> str | None:
+        return self.registry.other_model(name)
+
+    def problem_lines(self) -> list[str]:
+        return self.registry.problem_lines()
+
+    # ---- what a model name serves --------------------------------------------------------------
+    def resolve(self, model: str) -> Policy | None:
+        return self.serving.resolve(model)
+
+    def retain(self, run: Run, steps: set[int]) -> list[int]:
+        return self.serving.retain(run, steps)
+
+    def pin(self, run: Run, step: int | None) -> None:
+        pins.pin(self.serving, run, step)
+
+    # ---- a step's commit and roll-back (server/training/commit.py) ------------------------------
+    def save_checkpoint(self, run: Run, step: int, meta: dict[str, Any]) -> None:
+        self.saved.save(run, step, meta)
+
+    def publish(self, run: Run) -> None:
+        self.serving.publish(run)
+
+    def restore(self, run: Run) -> None:
+        self.saved.restore(run)

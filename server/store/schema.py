@@ -1,0 +1,44 @@
+"""The run store's schema: its migrations in order, each applied once and numbered by its place (never renumber)."""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: the first schema
+    """
+    CREATE TABLE runs (name TEXT PRIMARY KEY, project TEXT, spec TEXT, created REAL);
+    CREATE TABLE steps (run TEXT, step INTEGER, kind TEXT, metrics TEXT, warnings TEXT, created REAL,
+                        PRIMARY KEY (run, step));
+    CREATE TABLE jobs (id TEXT PRIMARY KEY, run TEXT, kind TEXT, idempotency_key TEXT, status TEXT,
+                       result TEXT, error TEXT, created REAL, updated REAL);
+    CREATE UNIQUE INDEX jobs_key ON jobs (run, idempotency_key);
+    CREATE TABLE job_events (job_id TEXT, seq INTEGER, type TEXT, data TEXT, created REAL,
+                             PRIMARY KEY (job_id, seq));
+    CREATE TABLE trajectories (id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT, step INTEGER, split TEXT,
+                               group_index INTEGER, traj_index INTEGER, reward REAL, data TEXT, created REAL);
+    CREATE INDEX traj_run_step ON trajectories (run, step, split);
+    """,
+    # 2: idempotency keys remember their body; jobs their current attempt; steps commit in two phases
+    """
+    ALTER TABLE jobs ADD COLUMN body_hash TEXT;
+    ALTER TABLE jobs ADD COLUMN attempt_from INTEGER DEFAULT 0;
+    ALTER TABLE steps ADD COLUMN pending INTEGER DEFAULT 0;
+    """,
+    # 3: every step attempt, trained or not; the steps a store already holds were trained attempts
+    """
+    CREATE TABLE attempts (run TEXT, attempt INTEGER, job_id TEXT, step INTEGER, kind TEXT, trained INTEGER,
+                           outcome TEXT, warnings TEXT, metrics TEXT, created REAL, pending INTEGER DEFAULT 0,
+                           PRIMARY KEY (run, attempt));
+    INSERT INTO attempts (run, attempt, job_id, step, kind, trained, outcome, warnings, metrics, created, pending)
+        SELECT run, ROW_NUMBER() OVER (PARTITION BY run ORDER BY step), NULL, step, kind, 1, 'trained',
+               warnings, metrics, created, pending FROM steps;
+    """,
+    # 4: who created each run: a tenant's name, NULL for the admin (server/ownership.py)
+    """
+    ALTER TABLE runs ADD COLUMN owner TEXT;
+    """,
+    # 5: the base model each run belongs to (server/runs/base_models.py); NULL for runs made before
+    """
+    ALTER TABLE runs ADD COLUMN base_model TEXT;
+    ALTER TABLE runs ADD COLUMN base_fingerprint TEXT;
+    """,
+]
