@@ -22,7 +22,8 @@ evaluations and the setup (server start, model load), which are reported apart.
     python bench/learn.py --quick         # 2 steps of a few prompts: that it runs end to end
     python bench/learn.py --sweep ...     # tasks x seeds x both trainers (bench/learn_sweep.py)
 
-`a.seed` (the sweep's; 0 otherwise) seeds both LoRA inits and TRL's sampling; `a.chat_template`
+`a.seed` (the sweep's; 0 otherwise) seeds both LoRA inits and both trainers' sampling (artisan's
+per rollout, rollouts/seeding.py); `a.chat_template`
 (a Jinja file, for a model whose own template is not the one to serve) goes to both trainers.
 """
 
@@ -92,6 +93,7 @@ async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows)
     from client import TrainableModel, TrainConfig, gather_trajectory_groups
     from rollouts.agent import rollout
     from rollouts.env import Task
+    from rollouts.seeding import derive_seed, seeded
 
     example = learn_task.make_example(a.task, a.prompt)
     example.settings.temperature, example.settings.max_tokens = a.temperature, a.max_tokens
@@ -107,8 +109,11 @@ async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows)
         for step in range(1, a.steps + 1):
             started = time.perf_counter()
             batch = tasks[(step - 1) * a.prompts_per_step: step * a.prompts_per_step]
+            # Each rollout's sampling seeded from the run's seed, its question and its member: a seed's
+            # rerun samples the same, and the sweep's seeds differ in sampling as TRL's do.
             groups = await gather_trajectory_groups(
-                [[rollout(client, model.name, example.make_env(t), t, example.settings) for _ in range(a.group_size)]
+                [[seeded(rollout(client, model.name, example.make_env(t), t, example.settings),
+                         derive_seed(getattr(a, "seed", 0), t.data["row"]["question"], k)) for k in range(a.group_size)]
                  for t in batch], progress=False, concurrency=len(batch) * a.group_size)  # one batch, as TRL samples
             result = await model.train(groups, config)
             train_seconds += time.perf_counter() - started

@@ -47,6 +47,7 @@ import art
 from client import art_exchanges
 from client.model import ServerError, TrainableModel
 from protocol.config import SFTConfig, TrainConfig
+from protocol.names import policy_name
 from protocol.trajectory import Conversation, TrajectoryGroup
 
 # ART's losses, with the clip bounds ART gives each when `epsilon` / `epsilon_high` are not set.
@@ -163,7 +164,7 @@ class ArtisanBackend(art.Backend):
 
     def _model_inference_name(self, model: Any, step: int | None = None) -> str:
         step = _PINNED.get().get(model.name) if step is None else step
-        return model.name if step is None else f"{model.name}@{step}"
+        return model.name if step is None else policy_name(model.name, step)
 
     # ---- ART's PipelineTrainer hooks -------------------------------------------------------------
     @contextlib.asynccontextmanager

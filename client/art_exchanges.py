@@ -9,14 +9,15 @@ to do is to say which conversation it continued.
 
 Each request becomes the chat messages art-server rendered it as (a chat request's own; for the
 others the rules of server/api/translate.py, which a test holds this module to), and each
-response the Choice it was sampled as. An exchange whose conversation continues an earlier one's (same tools, the earlier
-messages and turn as its start) extends that history, the earlier turn staying a Choice, so a
-two-turn rollout is one sequence with both turns trained; any other starts a history of its own
-(ART's `additional_histories`, artisan's History). A Responses request that names an earlier
-response of the same trajectory with `previous_response_id` continues that response's
-conversation, as the server does (one the trajectory did not capture leaves the conversation
-without its start: the turn's prompt then differs from the one sampled, and training counts it as
-a prompt mismatch rather than training on it).
+response the Choice it was sampled as. Which exchange continues which is the rule the server's
+sessions use too (protocol/histories.py): an exchange whose conversation continues an earlier
+one's (same tools, the earlier messages and turn as its start) extends that history, the earlier
+turn staying a Choice, so a two-turn rollout is one sequence with both turns trained; any other
+starts a history of its own (ART's `additional_histories`, artisan's History). A Responses
+request that names an earlier response of the same trajectory with `previous_response_id`
+continues that response's conversation, as the server does (one the trajectory did not capture
+leaves the conversation without its start: the turn's prompt then differs from the one sampled,
+and training counts it as a prompt mismatch rather than training on it).
 
 What ART's capture could not keep, the server recovers: a streamed Messages turn arrives without
 its sampling record (ART keeps only the fields it knows from `message_delta`), and training then
@@ -29,6 +30,9 @@ from __future__ import annotations
 
 import json
 from typing import Any, Iterable
+
+from protocol.histories import RecordedExchange, spliced
+from protocol.histories import histories as histories_of
 
 Message = dict[str, Any]
 
@@ -204,39 +208,8 @@ def anthropic_choice(response: dict[str, Any]) -> dict[str, Any]:
 
 # ---- exchanges into histories -------------------------------------------------------------------
 
-def _key(message: Message) -> Any:
-    """What makes two messages the same turn: an assistant turn by what a client echoes of it
-    (text, reasoning, each call's id, name and arguments as JSON), any other by its fields."""
-    if message.get("role") != "assistant":
-        return json.dumps({k: v for k, v in message.items() if v is not None}, sort_keys=True)
-    calls = []
-    for c in message.get("tool_calls") or []:
-        args = c["function"]["arguments"]
-        try:
-            args = json.loads(args) if isinstance(args, str) else args
-        except json.JSONDecodeError:
-            pass
-        calls.append([c.get("id"), c["function"]["name"], json.dumps(args, sort_keys=True)])
-    content = message.get("content")
-    content = content if isinstance(content, str) or content is None else _text(content)
-    return json.dumps([content or "", message.get("reasoning_content") or "", calls])
-
-
-def _as_message(item: dict[str, Any]) -> Message:
-    return item["message"] if "finish_reason" in item else item
-
-
-class _History:
-    def __init__(self, tools: list[Message] | None):
-        self.tools, self.items = tools, []  # messages and Choices (dicts)
-
-    def continued_by(self, messages: list[Message], tools: list[Message] | None) -> bool:
-        return tools == self.tools and len(messages) >= len(self.items) and all(
-            _key(_as_message(i)) == _key(m) for i, m in zip(self.items, messages))
-
-
-def exchange_turns(exchanges: Any) -> list[tuple[list[Message], list[Message] | None, dict[str, Any]]]:
-    """(conversation, tools, Choice) of every Chat Completions, Responses and Messages exchange, in
+def recorded_exchanges(exchanges: Any) -> list[RecordedExchange]:
+    """Every Chat Completions, Responses and Messages exchange as (conversation, tools, choice), in
     the order they were made. `exchanges` is ART's TrajectoryExchanges dumped to JSON."""
     found = []
     for ex in exchanges.get("chat_completions") or []:
@@ -257,17 +230,14 @@ def exchange_turns(exchanges: Any) -> list[tuple[list[Message], list[Message] | 
         found.append((ex["start_time"], anthropic_conversation(req), anthropic_tools(req),
                       anthropic_choice(ex["response"])))
     found.sort(key=lambda f: f[0])
-    return [f[1:] for f in found]
+    return [RecordedExchange(messages=messages, tools=tools, choice=choice) for _, messages, tools, choice in found]
 
 
 def histories(exchanges: Any) -> list[dict[str, Any]]:
-    """The conversations a trajectory's exchanges held, each as
-    `{"messages_and_choices": [...], "tools": ...}`, the first one first."""
-    out: list[_History] = []
-    for messages, tools, choice in exchange_turns(exchanges):
-        h = next((h for h in out if h.continued_by(messages, tools)), None)
-        if h is None:
-            h = _History(tools)
-            out.append(h)
-        h.items += [*messages[len(h.items):], choice]
-    return [{"messages_and_choices": h.items, "tools": h.tools} for h in out]
+    """The conversations a trajectory's exchanges held, by the one history rule
+    (protocol/histories.py), each as `{"messages_and_choices": [...], "tools": ...}` with its
+    sampled turns as Choice dicts, the one the trajectory ended in first."""
+    recorded = recorded_exchanges(exchanges)
+    choices = [r.choice for r in recorded]
+    return [{"messages_and_choices": spliced(recorded, chain, choices), "tools": recorded[chain[-1]].tools}
+            for chain in histories_of(recorded)]

@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from client.report import short_float
+from protocol.names import policy_name
 
 ENTROPY_COLLAPSE_FRACTION = 0.25  # a step's entropy below this share of the run's first trained step's
 MOSTLY_SOLVED_REWARD = 0.8  # on the usual 0..1 reward: low entropy there is the task learned, not a collapse
@@ -54,7 +55,7 @@ def held_out_decline(evals: list[dict[str, Any]], run: str, learning_rate: float
         return None
     lr = f", now {short_float(learning_rate)}" if learning_rate else ""
     serve = (f"--keep-best will serve step {best['step']} at the end unless a later step scores higher" if keep_best
-             else f"{run}@{best['step']} serves it, and --keep-best would make {run} serve it at the end")
+             else f"{policy_name(run, best['step'])} serves it, and --keep-best would make {run} serve it at the end")
     return (f"held-out reward fell from {best['reward']:.3f} (step {best['step']}) to {latest['reward']:.3f} "
             f"(step {latest['step']}), more than two standard errors ({two_se:.3f}): the policy is getting worse; "
             f"likely too high a learning rate (--learning-rate{lr}) or a collapse onto one answer (see entropy); "
@@ -89,4 +90,4 @@ def keep_best_line(run: str, best: dict[str, Any], latest: dict[str, Any]) -> st
     """What --keep-best did at the end of a run whose best held-out step is not its latest."""
     return (f"--keep-best: run {run} now serves step {best['step']} (held-out {best['reward']:.3f}); step "
             f"{latest['step']} scored {latest['reward']:.3f} (training goes on from step {latest['step']}: "
-            f"{run}@{latest['step']} serves it)")
+            f"{policy_name(run, latest['step'])} serves it)")

@@ -10,6 +10,7 @@ from client.model import TrainableModel
 from client.report import figure
 from client.rollout_source import LocalRollouts, RolloutSource
 from protocol.domains import domain_figures
+from protocol.names import policy_name
 from protocol.trajectory import TrajectoryGroup
 from rollouts.env import Example, Task
 from rollouts.seeding import derive_seed
@@ -32,7 +33,7 @@ async def evaluate_on(rollouts: RolloutSource, tasks: list[Task], progress: bool
     if given, receives the reward per domain of tasks that name one; `rewards`, each task's reward
     (a task whose rollout failed has none). `seed`: as RolloutSource.run_groups'."""
     model = rollouts.model
-    policy = None if step is None else f"{model.name}@{step}"
+    policy = None if step is None else policy_name(model.name, step)
     groups = await rollouts.run_groups(tasks, 1, progress=progress, description="eval", policy=policy, seed=seed)
     await model.log(groups, split="val", step=step)
     if by_domain is not None:

@@ -22,6 +22,7 @@ from client.report import StepTiming, curriculum_part, nothing_to_train_line, re
 from client.rollout_source import RolloutSource, rollout_source
 from client.summary import Summary, judge_figures, judge_line, plot
 from protocol.jobs import TrainResult
+from protocol.names import policy_name, split_policy
 from protocol.trajectory import TrajectoryGroup
 from rollouts.env import Example, Task
 from rollouts.seeding import derive_seed
@@ -177,7 +178,7 @@ class TrainingLoop:
         tasks = example.eval_tasks()[: cur.eval_tasks]
         # The step has trained: a check whose rollouts all failed measures nothing and moves nothing.
         groups = await self.rollouts.run_groups(tasks, 1, progress=self.cfg.progress, description="level check",
-                                                policy=f"{self.model.name}@{step}", max_exceptions=1.0)
+                                                policy=policy_name(self.model.name, step), max_exceptions=1.0)
         success = success_rate([t.reward for g in groups for t in g.trajectories], cur.success_at)
         level = next_level(example.level, success, cur.threshold, example.levels())
         print(f"curriculum @ step {step}: level {example.level} held-out success "
@@ -216,7 +217,7 @@ class TrainingLoop:
                 return TrajectoryGroup(exceptions=list(est.errors), metadata=dict(task.metadata))
             value = est.value
         marks: dict[str, float] = {}
-        seed = None if cfg.seed is None else derive_seed(cfg.seed, "train", policy.rpartition("@")[2], index)
+        seed = None if cfg.seed is None else derive_seed(cfg.seed, "train", split_policy(policy)[1], index)
         groups = await self.rollouts.run_groups([task], cfg.group_size, _marking(self.hook, marks), progress=False,
                                                 policy=policy, max_exceptions=1.0, seed=seed)
         group = groups[0]

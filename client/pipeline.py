@@ -31,6 +31,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from client.gather import TooManyExceptions, check_exceptions
 from protocol.jobs import TrainResult
+from protocol.names import policy_name
 from protocol.staleness import may_start_group
 from protocol.trajectory import TrajectoryGroup
 
@@ -135,7 +136,7 @@ class Pipeline:
                 self.state.started += 1
                 self.state.in_flight[step] += 1
             try:
-                group = await self.sample_group(f"{self.run}@{step}", index)
+                group = await self.sample_group(policy_name(self.run, step), index)
             finally:
                 async with self._changed:
                     self.state.sampling -= 1

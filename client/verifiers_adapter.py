@@ -39,6 +39,8 @@ from verifiers.v1.graph import path as path_to
 
 from client.gather import check_exceptions
 from client.model import TrainableModel
+from protocol.histories import RecordedExchange, spliced
+from protocol.histories import histories as histories_of
 from protocol.trajectory import History, Trajectory, TrajectoryGroup
 
 SESSION_HEADER = "X-Session-ID"  # verifiers.v1.clients.client.SESSION_ID_HEADER: the trace id
@@ -182,32 +184,20 @@ def _as_sse(completion: dict[str, Any], include_usage: bool) -> bytes:
 
 # ---- traces to trajectories --------------------------------------------------------------------
 
-def _extends(call: RecordedCall, previous: RecordedCall) -> bool:
-    """`call`'s prompt is `previous`'s prompt, then `previous`'s answer, then more."""
-    n = len(previous.messages)
-    return (len(call.messages) > n and call.messages[:n] == previous.messages
-            and call.messages[n].get("role") == "assistant")
+def recorded_exchange(call: RecordedCall) -> RecordedExchange:
+    """A relayed call in the shape the history rule reads (protocol/histories.py)."""
+    return RecordedExchange(messages=call.messages, tools=call.tools, choice=call.choice.model_dump())
 
 
 def histories(calls: list[RecordedCall]) -> list[History]:
-    """The conversations a rollout's calls make: each call joins the conversation it extends,
-    with every earlier answer replaced by the Choice art-server returned for it. A harness that
-    rewrote its history (compaction) starts another one. The last call's conversation is first."""
-    chains: list[list[RecordedCall]] = []
-    for call in calls:
-        chain = next((c for c in reversed(chains) if _extends(call, c[-1])), None)
-        if chain is None:
-            chains.append([call])
-        else:
-            chain.append(call)
-    out = []
-    for chain in chains:
-        items: list[Any] = list(chain[-1].messages)
-        for earlier in chain[:-1]:
-            items[len(earlier.messages)] = earlier.choice
-        out.append(History(messages_and_choices=[*items, chain[-1].choice], tools=chain[-1].tools))
-    last = next(i for i, c in enumerate(chains) if c[-1] is calls[-1])
-    return [out[last], *out[:last], *out[last + 1:]]
+    """The conversations a rollout's calls make, by the one history rule (protocol/histories.py):
+    each call joins the conversation it continues, with every earlier answer replaced by the
+    Choice art-server returned for it. A harness that rewrote its history (compaction) starts
+    another one. The last call's conversation is first."""
+    recorded = [recorded_exchange(c) for c in calls]
+    choices = [c.choice for c in calls]
+    return [History(messages_and_choices=spliced(recorded, chain, choices), tools=recorded[chain[-1]].tools)
+            for chain in histories_of(recorded)]
 
 
 class RolloutFailed(RuntimeError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.choices import choice_sampling
+from protocol.names import names_run
 from protocol.trajectory import TrajectoryGroup
 
 
@@ -25,7 +26,7 @@ def sampled_step(group: TrajectoryGroup, run: str) -> int | None:
         for h in t.histories():
             for c in h.choices():
                 info = choice_sampling(c)
-                if info is not None and (info.step == 0 or info.policy == run or info.policy.startswith(run + "@")):
+                if info is not None and (info.step == 0 or names_run(info.policy, run)):
                     steps.append(info.step)
     return min(steps) if steps else None
 

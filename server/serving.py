@@ -12,6 +12,8 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 
+from protocol.names import policy_name
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -48,7 +50,7 @@ class ServedModels:
 
     def publish(self, run: str, step: int, adapter: str, latest: bool) -> None:
         with self._lock:
-            self._policies[f"{run}@{step}"] = Policy(f"{run}@{step}", adapter, run, step)
+            self._policies[policy_name(run, step)] = Policy(policy_name(run, step), adapter, run, step)
             if latest:
                 self._policies[run] = Policy(run, adapter, run, step)
 

@@ -5,7 +5,8 @@ is pointed at `/v1/sessions/{id}/...`. Every exchange under that URL, whichever 
 through, is kept here in chat terms: the conversation the turn was sampled after, the tools, and the
 choice exactly as sampled (token ids, logprobs, sampling record). Scoring a session turns it into a
 trajectory: each exchange that a later one continues is spliced into that later conversation as the
-Choice it was, so training sees the same Choices a hand-written rollout would have appended, and
+Choice it was (which continues which is protocol/histories.py's rule, shared with the client's
+captures), so training sees the same Choices a hand-written rollout would have appended, and
 the same token-exact checks apply (server/training/assemble.py).
 
 A session belongs to the API key that opened it, expires when unused for `ttl` seconds, and holds
@@ -15,7 +16,6 @@ exchanges rather than dropping old ones (a trajectory with a hole would train on
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -24,9 +24,8 @@ from typing import Any, Callable
 
 from openai.types.chat.chat_completion import Choice
 
+from protocol.histories import RecordedExchange, histories, spliced
 from protocol.trajectory import History, Trajectory
-from server.chat.sampled_turns import turn_key
-from server.chat.template import content_text
 
 
 class SessionError(Exception):
@@ -57,18 +56,6 @@ class Session:
     def info(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "last_used": self.touched,
                 "exchanges": len(self.exchanges), "tokens": self.tokens}
-
-
-def _norm(m: dict[str, Any]) -> str:
-    """A message's identity for telling whether one conversation continues another: an assistant
-    turn by what a client echoes back of it, anything else by role, text and call id."""
-    if m.get("role") == "assistant":
-        return "assistant:" + turn_key(m)
-    try:
-        text = content_text(m.get("content"))
-    except (KeyError, TypeError):
-        text = json.dumps(m.get("content"), sort_keys=True, default=str)
-    return json.dumps([m.get("role"), text, m.get("tool_call_id")], ensure_ascii=False)
 
 
 class Sessions:
@@ -145,37 +132,21 @@ class Sessions:
             exchanges = list(session.exchanges)
         if not exchanges:
             raise SessionError(409, f"session {session_id!r} has no exchanges to train on")
-        main, *others = _histories(exchanges)
+        main, *others = session_histories(exchanges)
         return Trajectory(messages_and_choices=main.messages_and_choices, tools=main.tools,
                           additional_histories=others, reward=reward, metrics=dict(metrics or {}),
                           metadata={"session_id": session_id})
 
 
-def _histories(exchanges: list[Exchange]) -> list[History]:
-    """The session's conversations, the last one recorded first. An exchange whose conversation
-    continues an earlier exchange's (its messages start with that conversation and that turn) is
-    the same conversation, longer; each conversation nobody continued is one history."""
-    keys = [[_norm(m) for m in e.messages] for e in exchanges]
-    turns = [_norm(e.choice["message"]) for e in exchanges]
-    parent: dict[int, int] = {}
-    for j in range(len(exchanges)):
-        best = None
-        for i in range(j):
-            n = len(keys[i])
-            if len(keys[j]) > n and keys[j][:n] == keys[i] and keys[j][n] == turns[i]:
-                if best is None or n >= len(keys[best]):
-                    best = i
-        if best is not None:
-            parent[j] = best
-    continued = set(parent.values())
-    histories = []
-    for leaf in reversed([j for j in range(len(exchanges)) if j not in continued]):
-        e = exchanges[leaf]
-        items: list[Any] = list(e.messages)
-        k = leaf
-        while k in parent:
-            k = parent[k]
-            items[len(exchanges[k].messages)] = Choice.model_validate(exchanges[k].choice)
-        items.append(Choice.model_validate(e.choice))
-        histories.append(History(messages_and_choices=items, tools=e.tools))
-    return histories
+def recorded_exchange(exchange: Exchange) -> RecordedExchange:
+    """A session's exchange in the shape the history rule reads (protocol/histories.py)."""
+    return RecordedExchange(messages=exchange.messages, tools=exchange.tools, choice=exchange.choice)
+
+
+def session_histories(exchanges: list[Exchange]) -> list[History]:
+    """The session's conversations by the one history rule (protocol/histories.py): the one the
+    session ended in first, each sampled turn in it as the Choice it was."""
+    recorded = [recorded_exchange(e) for e in exchanges]
+    choices = [Choice.model_validate(e.choice) for e in exchanges]
+    return [History(messages_and_choices=spliced(recorded, chain, choices), tools=recorded[chain[-1]].tools)
+            for chain in histories(recorded)]

@@ -114,5 +114,6 @@ def test_a_continued_conversation_is_one_history_and_another_is_its_own():
     later = [*ask, {"role": "assistant", "content": "hello", "refusal": None}, {"role": "user", "content": "bye"}]
     found = art_exchanges.histories({"chat_completions": [
         exchange("1", ask, "hello"), exchange("2", later, "ciao"), exchange("3", ask, "x", tools=[{"t": 1}])]})
+    # The conversation the trajectory ended in first (protocol/histories.py).
     assert [[m.get("token_ids", m.get("content")) for m in h["messages_and_choices"]] for h in found] == [
-        ["hi", [1], "bye", [2]], ["hi", [3]]]
+        ["hi", [3]], ["hi", [1], "bye", [2]]]

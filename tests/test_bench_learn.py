@@ -113,6 +113,19 @@ def test_summary_per_task_and_trainer_over_seeds():
     assert "artisan_at_least_trl_within_noise" not in sweep.summarize(entries[:3])["leg_counting"]  # one trainer
 
 
+def test_a_rise_to_the_constant_answers_accuracy_is_named_as_no_evidence():
+    """syllogism went 0.297 -> 0.703 in 4 steps: 45 of its 64 held-out answers are "Yes"."""
+    sweep = _load("learn_sweep")
+    assert sweep.constant_answer(["Yes"] * 45 + ["No"] * 19) == {"answer": "Yes", "share": 0.7031}
+    assert sweep.constant_answer([]) == {"answer": None, "share": None}
+    entries = [{**_entry("syllogism", "artisan", s, 0.297, 0.703), "constant_answer": {"answer": "Yes", "share": 0.7031}}
+               for s in range(2)]
+    out = sweep.summarize(entries)["syllogism"]
+    assert out["constant_answer"]["answer"] == "Yes"
+    assert out["artisan"]["rises_by_0.10"] and out["artisan"]["no_better_than_constant_answer"] is True
+    assert sweep.no_better_than_constant(0.75, 0.7031) is False and sweep.no_better_than_constant(0.5, None) is None
+
+
 def test_mean_curve_averages_the_seeds_at_each_step():
     sweep = _load("learn_sweep")
     curve = sweep.mean_curve([[[0.0, 0, 0.1], [5.0, 4, 0.3]], [[0.0, 0, 0.1], [6.0, 4, 0.5]]])

@@ -193,7 +193,9 @@ def test_one_client_trains_a_run_at_a_time(server):
 def test_a_second_client_train_is_refused_in_one_line_and_a_killed_one_frees_the_run(server, tmp_path):
     def train(out: str) -> list[str]:
         return [sys.executable, "-m", "client.train", "--server", server.url, "--run", "busy", "--example", "demo",
-                "--steps", "100000", "--groups-per-step", "2", "--group-size", "2", "--eval-every", "0",
+                # groups of one never train, and never end a run at once as a first batch of nothing but 0
+                # would (client/patience.py): the first client holds the run for as long as the test needs
+                "--steps", "100000", "--groups-per-step", "2", "--group-size", "1", "--eval-every", "0",
                 "--eval-tasks", "1", "--patience", "100000", "--out", str(tmp_path / out), "--no-progress"]
 
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "ARTISAN_LEASE_SECONDS": "4"}

@@ -11,6 +11,7 @@ import asyncio
 
 from fastapi import Request
 
+from protocol.names import run_of
 from server.api.auth import Caller
 from server.api.deps import ServerState, may_see_run, other_model
 from server.api.errors import APIError
@@ -22,7 +23,7 @@ from server.serving import Policy
 def served_names(state: ServerState, who: Caller) -> list[str]:
     """The names the caller may sample from: the base model's, and its runs' (another tenant's runs
     are not named)."""
-    return [n for n in state.served.names() if n == state.host.name or may_see_run(state, who, n.rpartition("@")[0] or n)]
+    return [n for n in state.served.names() if n == state.host.name or may_see_run(state, who, run_of(n))]
 
 
 def _run_named(state: ServerState, model: str) -> str | None:
@@ -31,7 +32,7 @@ def _run_named(state: ServerState, model: str) -> str | None:
         return None
     if state.runs.get(model) is not None:
         return model
-    return model.rpartition("@")[0] or model
+    return run_of(model)
 
 
 async def resolve_policy(state: ServerState, model: str, who: Caller) -> Policy:

@@ -15,6 +15,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from protocol.names import policy_name
 from server.runs import base_models, checkpoints
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def pin(serving: ServedSteps, run: Run, step: int | None) -> None:
             return
         if step not in checkpoints.steps(run.checkpoint_dir):
             raise KeyError(step)
-        policy = serving.resolve(f"{run.name}@{step}")  # loaded from its checkpoint when it is not
+        policy = serving.resolve(policy_name(run.name, step))  # loaded from its checkpoint when it is not
         if policy is None:
             raise KeyError(step)
         tmp = run.dir / f"{PIN_FILE}.tmp"

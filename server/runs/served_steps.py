@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from protocol.names import policy_name, split_policy
 from server.engine.base import Engine
 from server.model_host import ModelHost
 from server.runs import checkpoints, pins
@@ -51,13 +52,12 @@ class ServedSteps:
     def resolve(self, model: str) -> Policy | None:
         """The policy a request's `model` names; an older `run@N` is loaded from its checkpoint."""
         policy = self.served.resolve(model)
-        if policy is not None or "@" not in model:
+        name, step = split_policy(model)
+        if policy is not None or step is None:
             return policy
-        name, _, step_text = model.rpartition("@")
         run = self._find(name)
-        if run is None or not step_text.isdigit() or int(step_text) not in checkpoints.steps(run.checkpoint_dir):
+        if run is None or step not in checkpoints.steps(run.checkpoint_dir):
             return None
-        step = int(step_text)
         with self.lock:
             if (policy := self.served.resolve(model)) is not None:
                 return policy
@@ -68,7 +68,7 @@ class ServedSteps:
         """No request finds the run under any of its names any more (its adapters stay loaded)."""
         self.served.withdraw(run.name)
         for step in run.snapshots:
-            self.served.withdraw(f"{run.name}@{step}")
+            self.served.withdraw(policy_name(run.name, step))
 
     def unload(self, run: Run, step: int) -> None:
         """Step `step`'s adapter unloaded and its name withdrawn, unless it is the latest, the pinned
@@ -76,7 +76,7 @@ class ServedSteps:
         adapter = run.snapshots.get(step)
         if adapter is None or step in (run.step, run.serving_step) or self.served.in_use(adapter):
             return
-        self.served.withdraw(f"{run.name}@{step}")
+        self.served.withdraw(policy_name(run.name, step))
         self.engine.unload_adapter(adapter)
         del run.snapshots[step]
 
@@ -85,4 +85,4 @@ class ServedSteps:
         self.engine.load_adapter(adapter, lora_config(run.spec, self.host, self.engine), state)
         run.snapshots[step] = adapter
         self.served.publish(run.name, step, adapter, latest)
-        return Policy(f"{run.name}@{step}", adapter, run.name, step)
+        return Policy(policy_name(run.name, step), adapter, run.name, step)

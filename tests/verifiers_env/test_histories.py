@@ -8,7 +8,8 @@ pytest.importorskip("verifiers")
 
 from openai.types.chat.chat_completion import Choice  # noqa: E402
 
-from client.verifiers_adapter import RecordedCall, _as_sse, histories  # noqa: E402
+import tests.test_histories as shared  # noqa: E402  (the exchanges the server and ART are fed)
+from client.verifiers_adapter import RecordedCall, _as_sse, histories, recorded_exchange  # noqa: E402
 
 SYSTEM = {"role": "system", "content": "s"}
 USER = {"role": "user", "content": "u"}
@@ -60,3 +61,14 @@ def test_a_completion_streams_back_as_one_chunk_with_its_tool_calls_indexed():
     events = _as_sse(completion, include_usage=True).decode().split("\n\n")
     assert events[-2:] == ["data: [DONE]", ""] and '"usage"' in events[1]
     assert '"index": 0, "id": "c"' in events[0] and '"content"' not in events[0]
+
+
+def test_the_relay_builds_the_histories_the_server_and_art_build_from_the_same_exchanges():
+    """The same recorded exchanges tests/test_histories.py feeds the server's sessions and ART's
+    capture, relayed: protocol/histories.py's rule gives all three the same histories."""
+    calls = [RecordedCall(messages, tools, Choice.model_validate(c)) for messages, tools, c in shared.RECORDED]
+    relayed = recorded_exchange(calls[1])
+    assert (relayed.messages, relayed.tools, relayed.choice["token_ids"]) == (shared.LOOP_1, shared.TOOLS, [11])
+    ours = [shared.dumped(h) for h in histories(calls)]
+    assert shared.sampled_ids(ours) == shared.EXPECTED_IDS
+    assert ours == shared.session_histories() == shared.art_histories()
