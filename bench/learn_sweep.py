@@ -26,6 +26,7 @@ import math
 import os
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -95,13 +96,11 @@ def constant_answer(answers: Iterable[Any]) -> dict[str, Any]:
     """The held-out accuracy of answering every question with the most common answer. A run can
     "rise" to it by collapsing onto that answer: syllogism (Yes/No) went 0.297 -> 0.703 in 4 steps,
     and 45 of its 64 held-out answers are "Yes"."""
-    counts: dict[str, int] = {}
-    for a in answers:
-        counts[str(a)] = counts.get(str(a), 0) + 1
+    counts = Counter(str(a) for a in answers)
     if not counts:
         return {"answer": None, "share": None}
-    answer = max(counts, key=counts.get)
-    return {"answer": answer, "share": round(counts[answer] / sum(counts.values()), 4)}
+    answer, n = counts.most_common(1)[0]
+    return {"answer": answer, "share": round(n / counts.total(), 4)}
 
 
 def no_better_than_constant(final_mean: float | None, share: float | None) -> bool | None:

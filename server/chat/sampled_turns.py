@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from server.chat.template import content_text, json_arguments
+from protocol.histories import turn_identity
 
 if TYPE_CHECKING:
     from server.chat.render import RenderedPrompt, Renderer
@@ -67,21 +67,10 @@ class SampledTurn:
         return self.record["sampling"].get("chat_template_kwargs") if self.record else None
 
 
-def _canonical_arguments(arguments: Any) -> str:
-    arguments = json_arguments(arguments)
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, sort_keys=True)
-
-
 def turn_key(message: dict[str, Any]) -> str:
-    """Identity of an assistant turn by what a client echoes back."""
-    calls = []
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function", call) if isinstance(call, dict) else {}
-        calls.append([call.get("id") if isinstance(call, dict) else None, fn.get("name"),
-                      _canonical_arguments(fn.get("arguments", {}))])
-    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-    payload = json.dumps([content_text(message.get("content")) or "", reasoning, calls], ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()
+    """Identity of an assistant turn by what a client echoes back: protocol/histories.py's, the one
+    the client side chains histories by, hashed for the cache."""
+    return hashlib.sha256(turn_identity({**message, "role": "assistant"}).encode()).hexdigest()
 
 
 class TurnCache:
