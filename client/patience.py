@@ -157,12 +157,13 @@ class Patience:
 
     def hopeless(self, step: int, step0_evals: list[float | None]) -> bool:
         """Whether to stop now, before `limit`: at step 0, held-out reward exactly 0 (`step0_evals`:
-        the run's evaluations of step 0) and this process's first attempt scored 0 in every rollout."""
+        the run's evaluations of step 0) and this process's first attempt scored 0 in every rollout, none
+        of which failed: a failed rollout was never scored, and might have earned what the others did not."""
         if step != 0 or self.attempts != 1 or len(self.streak) != 1 or not step0_evals:
             return False
         first = self.streak[0]
         return (all(r == 0.0 for r in step0_evals) and cause_of(first) == "constant_reward"
-                and first.get("reward_values") == [0.0])
+                and first.get("reward_values") == [0.0] and not first.get("trajectories_excluded"))
 
     def verdict(self, step: int, group_size: int | None = None, where: str | None = None,
                 eval_rewards: tuple[float | None, ...] = (), early: bool = False) -> RunCannotLearn:

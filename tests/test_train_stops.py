@@ -116,6 +116,9 @@ def test_no_reward_anywhere_at_step_0_stops_after_the_first_attempt():
         other = Patience(limit=3)
         other.record(first)
         assert not other.hopeless(0, [0.0])
+    lost = Patience(limit=3)  # rollouts that failed were never scored: the batch is not all zeros
+    lost.record({**_attempt(), "trajectories_excluded": 6})
+    assert not lost.hopeless(0, [0.0])
     later = Patience(limit=3)
     later.record(_attempt(rewards=(0.5,)))
     later.record(_attempt())
