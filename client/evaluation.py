@@ -57,8 +57,15 @@ def eval_record(step: int, reward: float | None, rewards: list[float], by_domain
             **({"by_domain": by_domain} if by_domain else {})}
 
 
-def eval_line(step: int, reward: float | None, by_domain: dict[str, Any], warning: str | None) -> str:
+def measure_note(tasks: int, temperature: float) -> str:
+    """What the held-out reward is, said once per run: it is not the benches' greedy accuracy."""
+    how = "the greedy answer" if temperature == 0 else f"one answer sampled at temperature {figure(temperature)}"
+    return f"held-out reward: the mean over {tasks} tasks of {how}, each seeded per step when --seed is given"
+
+
+def eval_line(step: int, reward: float | None, by_domain: dict[str, Any], warning: str | None,
+              note: str | None = None) -> str:
     domains = ", ".join(f"{d} {figure(r)}" for d, r in by_domain.items())
     said = "-" if reward is None else f"{reward:.3f}"
     return (f"eval @ step {step}: reward {said}" + (f" ({domains})" if domains else "")
-            + (f"\n  warning: {warning}" if warning else ""))
+            + (f"\n  {note}" if note else "") + (f"\n  warning: {warning}" if warning else ""))

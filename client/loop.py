@@ -11,7 +11,7 @@ from client.apo import NothingToRegress, ValueTable
 from client.curriculum import next_level, success_rate
 from client.decline import best_eval, entropy_collapse, first_entropy, held_out_decline, keep_best_line
 from client.errors import ConfigError
-from client.evaluation import eval_line, eval_record, eval_seed, evaluate_on
+from client.evaluation import eval_line, eval_record, eval_seed, evaluate_on, measure_note
 from client.examples import load_example
 from client.loop_config import LoopConfig
 from client.model import TrainableModel
@@ -101,6 +101,7 @@ class TrainingLoop:
         apo = cfg.train.baseline == "given"
         cfg.out.mkdir(parents=True, exist_ok=True)
         self.held_out = example.eval_tasks()[: cfg.eval_tasks]  # the starting level's: before and after compare
+        self.measure_said = False  # the first evaluation line says what held-out reward measures
         self.rng, self.drawn = random.Random(cfg.task_seed), []
         self.summary = Summary(cfg.out / "summary.json", cfg.run, resumed_at=model.step)
         self.summary.rollout_workers = rollouts.figures
@@ -170,7 +171,9 @@ class TrainingLoop:
                                    seed=eval_seed(cfg.seed, step), rewards=rewards)
         self.summary.evals.append(eval_record(step, reward, rewards, by_domain, self.summary.started))
         fell = held_out_decline(self.summary.evals, cfg.run, self.learning_rate, cfg.keep_best)
-        print(eval_line(step, reward, by_domain, fell), flush=True)
+        note, self.measure_said = None if self.measure_said else measure_note(
+            len(self.held_out), self.example.settings.temperature), True
+        print(eval_line(step, reward, by_domain, fell, note), flush=True)
 
     async def check_level(self, step: int) -> None:
         """TinyZero's rule: the current level's held-out success, and one level up past the threshold."""

@@ -145,6 +145,8 @@ class ModelHost:
         self.model: Any = model  # becomes a PeftModel when the first adapter is added
         self.config = model.config
         self.name = name or _model_name(self.model_dir)
+        # a learning rate measured for this model (server/training/hyperparams.py), None for most
+        self.measured_learning_rate: float | None = _model_card(self.model_dir).get("learning_rate")
         self.aliases = {self.name, str(self.model_dir), _model_name(self.model_dir), *aliases,
                         *([self.config.name_or_path] if getattr(self.config, "name_or_path", None) else [])}
         self.chat = ChatFormat.build(self.tokenizer, chat.template, chat.tool_call_parser, chat.reasoning_parser,
@@ -238,11 +240,14 @@ class ModelHost:
         self.gradient_checkpointing = True
 
 
-def _model_name(model_dir: Path) -> str:
+def _model_card(model_dir: Path) -> dict[str, Any]:
+    """artisan.json: what artisan knows of a model it built (its name, a learning rate measured for it)."""
     meta = model_dir / "artisan.json"
-    if meta.exists():
-        return json.loads(meta.read_text()).get("name", model_dir.name)
-    return re.sub(r"[^A-Za-z0-9._-]", "-", model_dir.name)
+    return json.loads(meta.read_text()) if meta.exists() else {}
+
+
+def _model_name(model_dir: Path) -> str:
+    return _model_card(model_dir).get("name") or re.sub(r"[^A-Za-z0-9._-]", "-", model_dir.name)
 
 
 def load_model(settings: Settings) -> ModelHost:

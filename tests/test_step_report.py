@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from client.evaluation import eval_line, measure_note
 from client.report import (StepTiming, dropped_part, interrupted_line, nothing_to_train_line, retry_line, run_line,
                            short_float, step_line)
 from protocol.jobs import TrainResult
@@ -104,3 +105,13 @@ def test_the_runs_first_line_and_the_lines_that_say_there_is_nothing_to_do():
     assert "(or 6, if the batch it had submitted finishes training" in interrupted_line(5, True)
     assert retry_line(1, 3, 0) == ("  nothing trained (1 of 3 attempts in a row, --patience 3): the run stays at "
                                    "step 0; sampling another batch")
+
+
+def test_the_first_evaluation_line_says_what_held_out_reward_measures():
+    # The README and the benches report greedy accuracy; client.train's examples mostly sample.
+    note = measure_note(32, 1.0)
+    assert note == ("held-out reward: the mean over 32 tasks of one answer sampled at temperature 1, "
+                    "each seeded per step when --seed is given")
+    assert "the greedy answer" in measure_note(64, 0.0)
+    assert eval_line(0, 0.125, {}, None, note) == f"eval @ step 0: reward 0.125\n  {note}"
+    assert eval_line(4, 0.5, {}, None) == "eval @ step 4: reward 0.500"

@@ -1,6 +1,8 @@
 """Advantage, loss and batching math: small pure functions, each tried where it could break."""
 
+import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +14,9 @@ from server.training.assemble import TrainSequence
 from server.training.batching import make_microbatch, plan
 from protocol.metrics import StepMetrics
 from server.training import health
-from server.training.hyperparams import learning_rate_for
+from server.training.hyperparams import default_learning_rate, learning_rate_for
+from examples.demo.warmstart import RL_LEARNING_RATE
+from tests.conftest import ROOT
 
 
 def test_constant_groups_are_dropped_not_trained():
@@ -150,6 +154,16 @@ def test_default_learning_rate_scales_with_model_size():
 def test_the_steep_llama_fit_is_not_extrapolated_below_the_smallest_model_it_was_fitted_on():
     # SmolLM2-135M (hidden 576) learns at the 1B value and collapsed at the extrapolated 1.3e-3.
     assert learning_rate_for(576, "llama") == learning_rate_for(2048, "llama") == pytest.approx(4.9e-4, rel=0.01)
+
+
+def test_a_learning_rate_measured_for_the_model_wins_over_the_fit():
+    # The embedded model's card carries one: the fit gives it 5.9e-4, at which it barely learns.
+    config = SimpleNamespace(hidden_size=256, model_type="qwen2")
+    assert default_learning_rate(SimpleNamespace(config=config, measured_learning_rate=2e-3)) == 2e-3
+    assert default_learning_rate(SimpleNamespace(config=config, measured_learning_rate=None)) == learning_rate_for(
+        256, "qwen2")
+    card = json.loads((ROOT / "server" / "embedded" / "model" / "artisan.json").read_text())
+    assert card["learning_rate"] == RL_LEARNING_RATE
 
 
 def step_warnings(figures: dict, previous: dict | None = None) -> list[str]:

@@ -17,10 +17,11 @@ import typer
 
 from client.local_server import ROOT, LocalServer
 
-# One optimizer step per batch of 16 groups at lr 2e-3: faster settings (3e-3, or 8 groups per step)
-# can teach the model a malformed tool call that every rollout then repeats (see the README).
+# One optimizer step per batch of 16 groups at the embedded model's learning rate (2e-3): faster
+# settings (3e-3, or 8 groups per step) can teach the model a malformed tool call that every rollout
+# then repeats (see the README).
 DEMO_ARGS = ["--example", "demo", "--steps", "16", "--groups-per-step", "16", "--group-size", "8",
-             "--eval-every", "4", "--eval-tasks", "64", "--learning-rate", "2e-3"]
+             "--eval-every", "4", "--eval-tasks", "64"]
 
 
 def main(port: int = 8765, out: Path = Path("out/demo"), steps: int = typer.Option(None)) -> None:

@@ -54,7 +54,7 @@ class Run:
                 "serving_step": self.step if self.serving_step is None else self.serving_step,
                 "serving_pinned": self.serving_step is not None,
                 # what a job that names no learning rate trains at (derived from the base model)
-                "default_learning_rate": default_learning_rate(self.host.config)}
+                "default_learning_rate": default_learning_rate(self.host)}
 
     def last_metrics(self, kind: str) -> StepMetrics | None:
         """The figures of the run's latest step, when it was a step of this kind."""

@@ -199,7 +199,7 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
     if cfg.count_dropped_groups:
         m.signal_share = signal_share(cfg.loss_aggregation, m.trainable_tokens, len(batch.sequences),
                                       batch.dropped_tokens, batch.dropped_sequences)
-    plan = OptimPlan.for_rl(cfg, cfg.learning_rate or default_learning_rate(run.host.config))
+    plan = OptimPlan.for_rl(cfg, cfg.learning_rate or default_learning_rate(run.host))
     _within_bound(plan, len(batch.sequences), hooks)
     fit(run, plan, m, t0, batch.sequences[0], lambda: hooks.optimize(
         run, batch.sequences, plan, rl_loss(cfg), loss_scale=m.signal_share, should_stop=hooks.should_stop))
@@ -215,7 +215,7 @@ def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, hooks:
     if m.trainable_tokens == 0:
         m.step_seconds = time.time() - t0
         return _measured(run, "sft", m)
-    plan = OptimPlan.for_sft(cfg, cfg.learning_rate or default_learning_rate(run.host.config), len(sequences))
+    plan = OptimPlan.for_sft(cfg, cfg.learning_rate or default_learning_rate(run.host), len(sequences))
     _within_bound(plan, len(sequences), hooks)
     fit(run, plan, m, t0, sequences[0], lambda: hooks.optimize(
         run, sequences, plan, sft_loss, measure_gap=False, measure_kl=False, should_stop=hooks.should_stop))
