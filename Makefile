@@ -187,6 +187,13 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 bench-learn: install $(BENCH_STAMP)
 	$(PY) bench/learn.py $(LEARN_ARGS)
 
+# bench/tool_agent.py: SmolLM2 learns to use tools over several turns (examples/leg_lookup), artisan
+# against TRL's GRPOTrainer from one art-server SFT start. `TOOL_AGENT_ARGS=--quick` is a smoke run.
+TOOL_AGENT_ARGS ?=
+.PHONY: bench-tool-agent
+bench-tool-agent: install $(BENCH_STAMP)
+	$(PY) bench/tool_agent.py $(TOOL_AGENT_ARGS)
+
 # bench/learn.py --sweep (bench/learn_sweep.py): both trainers on 8 reasoning-gym tasks x seeds 0 1 2,
 # hours on a CPU; a rerun skips the runs out/learn-sweep/results.jsonl already holds.
 # `make bench-learn-sweep SWEEP_ARGS="--quick --tasks leg_counting --seeds 0"` is a smoke run.

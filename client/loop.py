@@ -18,9 +18,11 @@ from client.model import TrainableModel
 from client.patience import Patience, attempt_record, failed_rollouts_record
 from client.pipeline import Journal, Pipeline, StepOutcome
 from client.ray_rollouts import check_ray_address
-from client.report import StepTiming, curriculum_part, nothing_to_train_line, retry_line, run_line, step_line
+from client.report import (StepTiming, curriculum_part, nothing_to_train_line, retry_line, run_line, step_line,
+                           warm_start_line)
 from client.rollout_source import RolloutSource, rollout_source
 from client.summary import Summary, judge_figures, judge_line, plot
+from protocol.config import SFTConfig
 from protocol.jobs import TrainResult
 from protocol.names import policy_name, split_policy
 from protocol.trajectory import TrajectoryGroup
@@ -69,6 +71,9 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
                           + ("--curriculum needs two or more" if cfg.curriculum else
                              f"--start-level {cfg.start_level} is past its last ({example.levels() - 1})"))
     example.level = cfg.start_level
+    if cfg.warm_start and type(example).demonstrations is Example.demonstrations:
+        raise ConfigError(f"--warm-start: example {example.name!r} has no demonstrations to train on "
+                          f"(an Example's demonstrations(n) makes them)")
     if cfg.ray is not None:
         check_ray_address(cfg.ray.address)
     model = await TrainableModel(cfg.run, project=cfg.project, retry_seconds=cfg.retry_seconds).register(
@@ -127,6 +132,8 @@ class TrainingLoop:
         await self.announce()
         if not summary.evals:
             await self.eval_now()
+        if cfg.warm_start and self.model.step == 0:
+            await self.warm_start()
         pipeline = Pipeline(self.sample, self.train_batch,
                             run=self.model.name, served_step=self.model.step, groups_per_step=cfg.groups_per_step,
                             max_steps_off_policy=cfg.max_steps_off_policy, journal=Journal(cfg.out / "pending"),
@@ -163,6 +170,19 @@ class TrainingLoop:
                        cfg.groups_per_step, cfg.group_size, cfg.train.loss), flush=True)
         if model.step >= cfg.steps:
             print(nothing_to_train_line(cfg.run, model.step, cfg.steps), flush=True)
+
+    async def warm_start(self) -> None:
+        """--warm-start: SFT on the example's demonstrations as the run's first step, and its
+        evaluation, the start that GRPO's gain is measured from. A resumed run is past it."""
+        ws, started = self.cfg.warm_start, time.monotonic()
+        demos = self.example.demonstrations(ws.demonstrations)
+        result = await self.model.train_sft(demos, SFTConfig(epochs=ws.epochs, learning_rate=ws.learning_rate),
+                                            idempotency_key=f"{self.cfg.run}:warm-start")
+        self.summary.warm_start = {"step": result.step, "demonstrations": len(demos), "epochs": ws.epochs,
+                                   "loss": result.metrics.loss}
+        self.where["step"] = result.step
+        print(warm_start_line(result, len(demos), ws.epochs, time.monotonic() - started), flush=True)
+        await self.eval_now()
 
     async def eval_now(self) -> None:
         """Evaluate the latest step on the held-out tasks: recorded, and said with any decline."""

@@ -12,6 +12,14 @@ from client.ray_rollouts import RayWorkers
 from protocol.config import TrainConfig
 
 
+class WarmStart(BaseModel):
+    """SFT on the example's demonstrations as a new run's first step, before GRPO (client/loop.py)."""
+
+    demonstrations: int = Field(ge=1)
+    epochs: int = Field(default=1, ge=1, le=100)
+    learning_rate: float | None = Field(default=None, gt=0, le=1.0)  # None: the server's default for the model
+
+
 class LoopConfig(BaseModel):
     """One run of the loop: where, what, how long, and how each step trains."""
 
@@ -57,6 +65,8 @@ class LoopConfig(BaseModel):
     # At the end, if an earlier step scored higher on held-out tasks than the latest, the run's name
     # serves that step (PUT /v1/runs/{name}/serving); training still goes on from the latest.
     keep_best: bool = False
+    # None: the run starts GRPO from the base model.
+    warm_start: WarmStart | None = None
 
     @property
     def task_seed(self) -> int:

@@ -128,6 +128,12 @@ def more_steps(step: int) -> int:
     return max(1, min(step, 8))
 
 
+def warm_start_line(result: TrainResult, demonstrations: int, epochs: int, seconds: float) -> str:
+    m = result.metrics
+    return (f"warm start: step {result.step} | SFT on {demonstrations} demonstrations x {epochs} epoch{'s' * (epochs != 1)} "
+            f"| loss {figure(m.loss)} | lr {short_float(m.learning_rate) if m.learning_rate else '-'} | {seconds:.1f}s")
+
+
 def nothing_to_train_line(run: str, step: int, until: int) -> str:
     more = more_steps(step)
     return (f"run {run} is already at step {step} (--steps {until}): nothing to train; --steps {step + more} trains "

@@ -73,6 +73,8 @@ class Summary:
         self.seconds_before = previous.get("seconds", 0.0) if same else 0.0
         self.rollout_workers: dict[str, Any] | None = None  # the Ray workers' figures, when rollouts ran there
         self.keep_best: dict[str, Any] | None = None  # what --keep-best made the run's name serve
+        # --warm-start's SFT step (its step, demonstrations, loss): the start GRPO's gain counts from
+        self.warm_start: dict[str, Any] | None = previous.get("warm_start") if same else None
 
     def judge_totals(self) -> dict[str, int] | None:
         """The judge's figures over every training attempt (see judge_figures)."""
@@ -90,6 +92,7 @@ class Summary:
                    **({"rollout_workers": self.rollout_workers} if self.rollout_workers else {}),
                    "best_step": best_eval(self.evals),
                    **({"keep_best": self.keep_best} if self.keep_best else {}),
+                   **({"warm_start": self.warm_start} if self.warm_start else {}),
                    "evals": self.evals, "history": self.history}
         self.path.write_text(json.dumps(summary, indent=2))
         return summary

@@ -94,6 +94,11 @@ def main(
     ray_worker_concurrency: int = typer.Option(None, help="Rollouts one Ray worker runs at once [default: 32]."),
     debug: bool = typer.Option(False, "--debug", envvar="ARTISAN_DEBUG",
                                help="Show the full traceback of an error (also ARTISAN_DEBUG=1)."),
+    warm_start: int = typer.Option(None, help="A new run first trains art-server's SFT job on this many of the "
+                                               "example's demonstrations (its step 1), then GRPO from there."),
+    warm_start_epochs: int = typer.Option(1, help="Passes over the --warm-start demonstrations."),
+    warm_start_learning_rate: float = typer.Option(None, help="The --warm-start SFT job's learning rate [default: "
+                                                              "the server's for the model]."),
     keep_best: bool = typer.Option(False, help="At the end, if an earlier evaluated step scored higher on held-out "
                                                "tasks than the latest, serve it under the run's name (the next "
                                                "trained step, from the latest weights, serves again)."),
@@ -113,7 +118,10 @@ def main(
                           rollout_overrides={"max_turns": max_turns, "max_tokens": max_tokens,
                                              "temperature": temperature},
                           example_kwargs=example_options(list(ctx.args)),
-                          ray=ray_options(ray_address, ray_workers, ray_worker_concurrency), keep_best=keep_best)
+                          ray=ray_options(ray_address, ray_workers, ray_worker_concurrency), keep_best=keep_best,
+                          warm_start=None if warm_start is None else {
+                              "demonstrations": warm_start, "epochs": warm_start_epochs,
+                              "learning_rate": warm_start_learning_rate})
         try:
             summary = run_interruptible(train_loop(cfg, load_example(cfg.example, **cfg.example_kwargs)))
         except KeyboardInterrupt:  # Ctrl-C: how to go on, not a traceback; 130 as a shell's 128 + SIGINT

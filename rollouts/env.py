@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from protocol.choices import Message
+from protocol.trajectory import Conversation
 from rollouts.agent import rollout
 from rollouts.episode import Environment, RolloutSettings, Score, Task, ToolError
 
@@ -43,6 +44,12 @@ class Example(abc.ABC):
 
     @abc.abstractmethod
     def make_env(self, task: Task) -> Environment: ...
+
+    def demonstrations(self, n: int) -> list[Conversation]:
+        """`n` worked episodes for a warm start (`client.train --warm-start N`: art-server's SFT job
+        trains on them before GRPO), drawn apart from the held-out tasks. An example without them
+        cannot be warm-started."""
+        raise NotImplementedError(f"example {self.name!r} has no demonstrations for --warm-start")
 
     def group_scorer(self, judge: Any) -> Callable[[Any], Awaitable[Any]] | None:
         """A hook that scores each training group once its rollouts are done (a TrajectoryGroup in,

@@ -20,6 +20,7 @@ import random
 import re
 from typing import Any
 
+from protocol.trajectory import Conversation
 from rollouts.env import Environment, Example, Message, RolloutSettings, Score, Task, ToolError
 
 ITEMS = [
@@ -127,6 +128,12 @@ class ShopExample(Example):
 
     def make_env(self, task: Task) -> Environment:
         return ShopEnv(task)
+
+    def demonstrations(self, n: int) -> list[Conversation]:
+        # Right episodes only, of draws of their own: the warm start a user would write.
+        rng = random.Random(20_000)
+        return [Conversation(messages=demonstration(make_task(rng, rng.choice(ITEMS), i, "demo"), False, rng),
+                             tools=TOOLS) for i in range(n)]
 
 
 def make_example(**kwargs: Any) -> ShopExample:

@@ -78,12 +78,12 @@ def merge(base: Path, checkpoint_root: Path, out: Path) -> None:
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from protocol.config import RunSpec
     from server.model_host import lora_targets
     from server.runs import checkpoints
+    from server.runs.base_models import read_record
 
     step = checkpoints.steps(checkpoint_root)[-1]
-    spec = RunSpec.model_validate_json((checkpoint_root.parent / "run.json").read_text())
+    spec = read_record(checkpoint_root.parent)  # run.json: the RunSpec and the base model's fingerprint
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     lora = LoraConfig(r=spec.lora.rank, lora_alpha=spec.lora.alpha,
                       target_modules=spec.lora.target_modules or lora_targets(model))

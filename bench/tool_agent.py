@@ -1,0 +1,163 @@
+"""Tool use over several turns: artisan against TRL's GRPOTrainer, from one SFT start, on SmolLM2.
+
+examples/leg_lookup: reasoning-gym leg counting with several animals, a `legs` lookup and a
+calculator, up to five turns, scored by reasoning-gym's score_answer.
+
+1. art-server (the SmolLM2-135M-Instruct GGUF under the example's template) warm-starts a run with
+   its own SFT job on the example's demonstrations: `client.train --warm-start N`, the run's step 1.
+2. artisan: GRPO from that step through `client.train`, the command a user runs.
+3. TRL 1.16: GRPOTrainer with its tool support, from the same adapter (exported as PEFT), on the
+   same questions in the same order, the same reward and settings, for the training seconds artisan
+   took (bench/tool_agent_trl.py).
+4. Both are judged by one held-out measure, computed the same way for both after training: greedy
+   success over held-out questions (bench/tool_agent_trl.greedy_success), at the SFT start and
+   every K steps. A curve point is [training seconds, step, success].
+
+    python bench/tool_agent.py            # one JSON line last, a PNG beside it
+    python bench/tool_agent.py --quick    # 2 steps of 2 x 4, 8 held-out questions: that it runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from client.local_server import ROOT, LocalServer  # noqa: E402
+from examples import leg_lookup  # noqa: E402
+
+RUN = "tool-agent"
+
+
+def _train(server: LocalServer, a: argparse.Namespace, out: Path, steps: int) -> dict[str, Any]:
+    """`client.train` on the example to `steps` (the first call also warm-starts); its summary."""
+    cmd = [sys.executable, "-m", "client.train", "--server", server.url, "--example", "leg_lookup", "--run", RUN,
+           "--steps", str(steps), "--groups-per-step", str(a.prompts_per_step), "--group-size", str(a.group_size),
+           "--learning-rate", str(a.lr), "--warm-start", str(a.warm_start), "--warm-start-learning-rate",
+           str(a.warm_start_lr), "--eval-every", "0", "--eval-tasks", "1", "--seed", str(a.seed),
+           "--no-progress", "--out", str(out)]
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    return json.loads((out / "summary.json").read_text())
+
+
+def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]:
+    """The warm start and artisan's GRPO; each evaluated step's adapter exported for the evaluator."""
+    from tool_agent_trl import export_peft
+
+    data = work / "artisan-data"
+    checkpoints, run_json = data / "runs" / RUN / "checkpoints", data / "runs" / RUN / "run.json"
+    with LocalServer(data, model=gguf, extra=["--device", "cpu", "--chat-template", str(leg_lookup.CHAT_TEMPLATE)],
+                     log=work / "server.log") as server:
+        started = time.perf_counter()
+        _train(server, a, work / "warm", 1)
+        warm_seconds = time.perf_counter() - started
+        start = export_peft(checkpoints, 1, run_json, work / "adapters" / "artisan-1")
+        summary = _train(server, a, work / "grpo", 1 + a.steps)
+    # Training seconds per step: each attempt's sampling, scoring and training, as its line reports.
+    seconds, elapsed = {1: 0.0}, 0.0
+    for h in summary["history"]:
+        elapsed += h.get("timing", {}).get("wall_seconds") or 0.0
+        if h["trained"]:
+            seconds[h["step"]] = elapsed
+    saved = [s for s in seconds if s > 1 and ((s - 1) % a.eval_every == 0 or s == max(seconds))]
+    adapters = [{"step": s - 1, "train_seconds": seconds[s],
+                 "adapter": export_peft(checkpoints, s, run_json, work / "adapters" / f"artisan-{s}")} for s in saved]
+    return {"start_adapter": start, "warm_start_seconds": round(warm_seconds, 1),
+            "warm_start": summary.get("warm_start"), "saved": adapters}
+
+
+def curve(model_dir: Path, start: Path, saved: list[dict[str, Any]], eval_rows: list[dict]) -> list[list[float]]:
+    from tool_agent_trl import greedy_success
+
+    points = [(0.0, 0, start), *((s["train_seconds"], s["step"], s["adapter"]) for s in saved)]
+    return [[round(t, 1), step, round(greedy_success(model_dir, adapter, eval_rows), 4)] for t, step, adapter in points]
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("artisan", "trl"):
+        if name in result:
+            points = result[name]["curve"]
+            ax.plot([p[0] / 60 for p in points], [p[2] for p in points], marker="o", label=name)
+    ax.set_xlabel("training minutes after the SFT start")
+    ax.set_ylabel("held-out success (greedy)")
+    ax.set_title("SmolLM2-135M, leg_lookup: GRPO with tools from one SFT start")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=24, help="artisan's GRPO steps after the warm start")
+    ap.add_argument("--eval-every", type=int, default=6)
+    ap.add_argument("--eval-n", type=int, default=64, help="held-out questions")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--prompts-per-step", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=2e-4, help="both trainers' GRPO learning rate")
+    ap.add_argument("--warm-start", type=int, default=128, help="demonstrations in the SFT start")
+    ap.add_argument("--warm-start-lr", type=float, default=2e-3)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", choices=["artisan"], help="skip TRL")
+    ap.add_argument("--quick", action="store_true", help="2 steps of 2 x 4, 8 held-out questions, 8 demonstrations")
+    ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench-tool-agent")
+    a = ap.parse_args()
+    if a.quick:
+        a.steps, a.eval_every, a.eval_n, a.group_size, a.prompts_per_step, a.warm_start = 2, 1, 8, 4, 2, 8
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+    from tests.real_models import converted, smollm2_gguf
+    from tool_agent_trl import DIFFERENCES, run_trl
+
+    gguf = smollm2_gguf()
+    model_dir = converted(gguf)  # the float32 weights art-server dequantises and serves
+    example = leg_lookup.make_example()
+    settings = example.settings
+    eval_rows = [t.data["row"] for t in example.eval_tasks()[: a.eval_n]]
+    a.out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"settings": {k: v for k, v in vars(a).items() if k not in ("out", "only")} | {
+        "model": gguf.name, "max_turns": settings.max_turns, "max_tokens_per_turn": settings.max_tokens,
+        "eval": "greedy"}}
+    with tempfile.TemporaryDirectory(prefix="bench-tool-agent-") as scratch:
+        work = Path(scratch)
+        artisan = run_artisan(a, gguf, work)
+        result["warm_start"] = {"seconds": artisan["warm_start_seconds"], **(artisan["warm_start"] or {})}
+        result["artisan"] = {"curve": curve(model_dir, artisan["start_adapter"], artisan["saved"], eval_rows)}
+        if a.only is None:
+            budget = artisan["saved"][-1]["train_seconds"] if artisan["saved"] else None
+            # The same pool of training questions; client.train draws from it in an order of its own.
+            train_rows = [t.data["row"] for t in example.train_tasks(a.seed)]
+            saved = run_trl(model_dir, artisan["start_adapter"], train_rows, steps=a.steps,
+                            prompts_per_step=a.prompts_per_step, group_size=a.group_size, learning_rate=a.lr,
+                            temperature=a.temperature, max_turns=settings.max_turns,
+                            max_tokens_per_turn=settings.max_tokens, seed=a.seed, out=work / "trl",
+                            save_every=a.eval_every, budget_seconds=budget)
+            result["trl"] = {"curve": curve(model_dir, artisan["start_adapter"], saved, eval_rows)}
+    for name in ("artisan", "trl"):
+        if name in result:
+            points = result[name]["curve"]
+            result[name]["rise"] = round(points[-1][2] - points[0][2], 4)
+    result["differences"] = DIFFERENCES
+    png = a.out / "tool_agent.png"
+    plot(result, png)
+    result["plot"] = str(png)
+    (a.out / "tool_agent.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

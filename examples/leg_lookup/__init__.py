@@ -1,0 +1,185 @@
+"""reasoning-gym's leg counting with tools: a small model learns to use them over several turns.
+
+"How many legs are there in total if you have 3 woodlouses, 1 leech, 2 ducks?" SmolLM2-135M knows
+neither a woodlouse's legs nor how to add 42 and 4 reliably. Here it has two tools, `legs(animal)`
+(reasoning-gym's own table) and `calculate(expression)`, and an episode of up to five turns: look
+every animal up, calculate, answer. The reward is reasoning-gym's own `score_answer` on the final
+reply, so a tool only pays when its result reaches the answer.
+
+A warm start teaches the episode's shape first: `demonstrations()` writes worked episodes (every
+animal looked up in one turn, one sum, the answer) of questions drawn apart from the held-out ones,
+and art-server's SFT job trains on them (`client.train --warm-start N`). A light warm start (128
+episodes, one epoch) leaves the model calling the tools with slips: a misspelt animal ("grassman"),
+a count or a leg number copied wrong, a product left out of the sum, a malformed call. GRPO is left
+to remove the slips.
+Episodes of one animal alone were tried as the warm start first: the model then looked up one
+animal of every question, and no rollout of a several-animal question ever earned reward.
+
+SmolLM2's own chat template renders no tools; serve this example with `chat_template.jinja`
+beside this file (ChatML with Hermes' tool tags, read by art-server's hermes parser):
+
+    art-server --model <SmolLM2 GGUF> --chat-template examples/leg_lookup/chat_template.jinja
+    python -m client.train --example leg_lookup --warm-start 128 --steps 24 ...
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import reasoning_gym
+from reasoning_gym.arithmetic.leg_counting import ANIMALS
+
+from protocol.trajectory import Conversation
+from rewards.reasoning_gym import score_reply
+from rollouts.env import Environment, Example, Message, RolloutSettings, Score, Task, ToolError
+
+CHAT_TEMPLATE = Path(__file__).with_name("chat_template.jinja")
+SYSTEM_PROMPT = "Look up each animal's legs, calculate the total, then reply with only the number."
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": "legs", "description": "How many legs one animal of a kind has.",
+        "parameters": {"type": "object", "properties": {"animal": {"type": "string"}}, "required": ["animal"]}}},
+    {"type": "function", "function": {
+        "name": "calculate", "description": "Evaluate an arithmetic expression of integers (+, -, *, /, parentheses).",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                       "required": ["expression"]}}},
+]
+# reasoning-gym's leg_counting settings: two or three kinds of animal, one to four of each.
+TASK = dict(min_animals=2, max_animals=3, min_instances=1, max_instances=4)
+TRAIN_SEED, EVAL_SEED, WARM_START_SEED = 0, 10_000, 20_000  # each its own draw of questions
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+              ast.USub: operator.neg, ast.UAdd: operator.pos}
+MAX_VALUE = 10 ** 12  # a calculator, not a bignum engine: a tower of powers is refused, not computed
+
+
+def calculate(expression: str) -> str:
+    """Integer arithmetic, evaluated from the parse tree (never `eval`). An integral result prints
+    without a decimal point, as reasoning-gym's answers do."""
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            result = node.value
+        elif isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Div) and right == 0:
+                raise ToolError("division by zero")
+            result = _OPERATORS[type(node.op)](left, right)
+        elif isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+            result = _OPERATORS[type(node.op)](value(node.operand))
+        else:
+            raise ToolError(f"not arithmetic: {expression!r}")
+        if abs(result) > MAX_VALUE:
+            raise ToolError("number too large")
+        return result
+
+    try:
+        tree = ast.parse(str(expression).replace("×", "*"), mode="eval")
+    except SyntaxError:
+        raise ToolError(f"not arithmetic: {expression!r}") from None
+    result = value(tree.body)
+    return str(int(result)) if float(result).is_integer() else f"{result:.6g}"
+
+
+def legs(animal: str) -> str:
+    """reasoning-gym's legs for one animal, by its name or the plural its questions write ("woodlouses")."""
+    name = str(animal).strip().lower()
+    for candidate in (name, name.removesuffix("s"), name.removesuffix("es")):
+        if candidate in ANIMALS:
+            return str(ANIMALS[candidate])
+    raise ToolError(f"unknown animal {animal!r}")
+
+
+def rows(options: dict[str, Any], size: int, seed: int) -> list[dict[str, Any]]:
+    return list(reasoning_gym.create_dataset("leg_counting", size=size, seed=seed, **options))
+
+
+def opening(row: dict[str, Any]) -> list[Message]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": row["question"]}]
+
+
+def _calls(turn: int, calls: list[tuple[str, dict[str, str]]]) -> list[dict[str, Any]]:
+    return [{"id": f"call_{turn}_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            for i, (name, args) in enumerate(calls)]
+
+
+def demonstration(row: dict[str, Any]) -> Conversation:
+    """A worked episode of `row`: every animal looked up in one turn, their total calculated in the
+    next, the result as the answer."""
+    animals: dict[str, int] = row["metadata"]["animals"]
+    lookups = _calls(0, [("legs", {"animal": a}) for a in animals])
+    expression = " + ".join(f"{n} * {legs(a)}" for a, n in animals.items())
+    total = calculate(expression)
+    return Conversation(messages=[
+        *opening(row),
+        {"role": "assistant", "content": "", "tool_calls": lookups},
+        *({"role": "tool", "tool_call_id": c["id"], "content": legs(a)} for c, a in zip(lookups, animals)),
+        {"role": "assistant", "content": "", "tool_calls": _calls(1, [("calculate", {"expression": expression})])},
+        {"role": "tool", "tool_call_id": "call_1_0", "content": total},
+        {"role": "assistant", "content": total}], tools=TOOLS)
+
+
+class LegLookupEnv(Environment):
+    """One question; the model may call the tools, and its first plain reply is the answer."""
+
+    tools = TOOLS
+
+    def __init__(self, row: dict[str, Any]):
+        self.row = row
+        self.looked_up: set[str] = set()
+        self.calculated = False
+
+    def initial_messages(self) -> list[Message]:
+        return opening(self.row)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        if name == "legs":
+            result = legs(arguments.get("animal", ""))
+            self.looked_up.add(str(arguments.get("animal", "")).strip().lower())
+            return result
+        if name == "calculate":
+            self.calculated = True
+            return calculate(arguments.get("expression", ""))
+        raise ToolError(f"unknown tool {name!r}; the tools are legs and calculate")
+
+    async def score(self, messages: list[Message]) -> Score:
+        last = messages[-1] if messages else {}
+        answered = last.get("role") == "assistant" and not last.get("tool_calls")
+        reward = score_reply(last.get("content"), self.row) if answered else 0.0
+        animals = self.row["metadata"]["animals"]
+        found = sum(any(a == x or a + "s" == x or a + "es" == x for x in self.looked_up) for a in animals)
+        return Score(reward=reward, metrics={"animals_looked_up": found / len(animals),
+                                             "calculated": self.calculated, "answered": answered})
+
+
+@dataclass
+class LegLookupExample(Example):
+    n_train: int = 1024
+    n_eval: int = 64
+
+    def train_tasks(self, seed: int) -> list[Task]:
+        # `seed` orders nothing here: client.train shuffles; the rows are fixed by TRAIN_SEED.
+        return [Task(id=f"train-{i}", data={"row": r}) for i, r in enumerate(rows(TASK, self.n_train, TRAIN_SEED))]
+
+    def eval_tasks(self) -> list[Task]:
+        return [Task(id=f"eval-{i}", data={"row": r}) for i, r in enumerate(rows(TASK, self.n_eval, EVAL_SEED))]
+
+    def make_env(self, task: Task) -> Environment:
+        return LegLookupEnv(task.data["row"])
+
+    def demonstrations(self, n: int) -> list[Conversation]:
+        # Drawn from a seed of their own, and no held-out question among them (a draw can repeat one).
+        held_out = {t.data["row"]["question"] for t in self.eval_tasks()}
+        fresh = [r for r in rows(TASK, 2 * n, WARM_START_SEED) if r["question"] not in held_out]
+        return [demonstration(r) for r in fresh[:n]]
+
+
+def make_example(**kwargs: Any) -> LegLookupExample:
+    # Lookups, a calculation, the answer, and two spare turns (one lookup per turn, or a retried
+    # call). A turn of three lookups is about 90 tokens.
+    return LegLookupExample(name="leg_lookup", settings=RolloutSettings(max_turns=5, max_tokens=128, temperature=1.0),
+                            **kwargs)
