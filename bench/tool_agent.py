@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from client.errors import EXIT_CANNOT_LEARN  # noqa: E402
 from client.local_server import ROOT, LocalServer  # noqa: E402
 from examples import leg_lookup  # noqa: E402
 
@@ -44,7 +45,9 @@ def _train(server: LocalServer, a: argparse.Namespace, out: Path, steps: int) ->
            "--learning-rate", str(a.lr), "--warm-start", str(a.warm_start), "--warm-start-learning-rate",
            str(a.warm_start_lr), "--eval-every", "0", "--eval-tasks", "1", "--seed", str(a.seed),
            "--no-progress", "--out", str(out)]
-    subprocess.run(cmd, cwd=ROOT, check=True)
+    done = subprocess.run(cmd, cwd=ROOT)
+    if done.returncode not in (0, EXIT_CANNOT_LEARN):  # a run that stopped learning is a result, kept
+        raise SystemExit(f"client.train exited {done.returncode}")
     return json.loads((out / "summary.json").read_text())
 
 
@@ -57,7 +60,7 @@ def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]
     with LocalServer(data, model=gguf, extra=["--device", "cpu", "--chat-template", str(leg_lookup.CHAT_TEMPLATE)],
                      log=work / "server.log") as server:
         started = time.perf_counter()
-        _train(server, a, work / "warm", 1)
+        warm = _train(server, a, work / "warm", 1)
         warm_seconds = time.perf_counter() - started
         start = export_peft(checkpoints, 1, run_json, work / "adapters" / "artisan-1")
         summary = _train(server, a, work / "grpo", 1 + a.steps)
@@ -71,7 +74,7 @@ def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]
     adapters = [{"step": s - 1, "train_seconds": seconds[s],
                  "adapter": export_peft(checkpoints, s, run_json, work / "adapters" / f"artisan-{s}")} for s in saved]
     return {"start_adapter": start, "warm_start_seconds": round(warm_seconds, 1),
-            "warm_start": summary.get("warm_start"), "saved": adapters}
+            "warm_start": warm.get("warm_start"), "saved": adapters, "stopped": summary.get("stopped")}
 
 
 def curve(model_dir: Path, start: Path, saved: list[dict[str, Any]], eval_rows: list[dict]) -> list[list[float]]:
@@ -113,11 +116,11 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", choices=["artisan"], help="skip TRL")
-    ap.add_argument("--quick", action="store_true", help="2 steps of 2 x 4, 8 held-out questions, 8 demonstrations")
+    ap.add_argument("--quick", action="store_true", help="2 steps of 2 x 4, 8 held-out questions, 32 demonstrations")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench-tool-agent")
     a = ap.parse_args()
     if a.quick:
-        a.steps, a.eval_every, a.eval_n, a.group_size, a.prompts_per_step, a.warm_start = 2, 1, 8, 4, 2, 8
+        a.steps, a.eval_every, a.eval_n, a.group_size, a.prompts_per_step, a.warm_start = 2, 1, 8, 4, 2, 32
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     from tests.real_models import converted, smollm2_gguf
@@ -136,7 +139,8 @@ def main() -> None:
         work = Path(scratch)
         artisan = run_artisan(a, gguf, work)
         result["warm_start"] = {"seconds": artisan["warm_start_seconds"], **(artisan["warm_start"] or {})}
-        result["artisan"] = {"curve": curve(model_dir, artisan["start_adapter"], artisan["saved"], eval_rows)}
+        result["artisan"] = {"curve": curve(model_dir, artisan["start_adapter"], artisan["saved"], eval_rows),
+                             **({"stopped": artisan["stopped"]} if artisan["stopped"] else {})}
         if a.only is None:
             budget = artisan["saved"][-1]["train_seconds"] if artisan["saved"] else None
             # The same pool of training questions; client.train draws from it in an order of its own.
