@@ -132,7 +132,7 @@ class TrainingLoop:
         await self.announce()
         if not summary.evals:
             await self.eval_now()
-        if cfg.warm_start and self.model.step == 0:
+        if cfg.warm_start and self.model.step == 0 < cfg.steps:
             await self.warm_start()
         pipeline = Pipeline(self.sample, self.train_batch,
                             run=self.model.name, served_step=self.model.step, groups_per_step=cfg.groups_per_step,
