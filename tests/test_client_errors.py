@@ -60,7 +60,7 @@ def test_run_name_with_a_space():
 
 
 def test_unknown_example_lists_the_examples():
-    _one_line_error(_cli("--example", "retial"), "'retial'", "demo, email, reasoning_gym, retail", "make_example",
+    _one_line_error(_cli("--example", "retial"), "'retial'", "demo, email, leg_lookup, reasoning_gym, retail", "make_example",
                     status=EXIT_USAGE)
 
 
