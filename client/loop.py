@@ -191,8 +191,8 @@ class TrainingLoop:
                                    seed=eval_seed(cfg.seed, step), rewards=rewards)
         self.summary.evals.append(eval_record(step, reward, rewards, by_domain, self.summary.started))
         fell = held_out_decline(self.summary.evals, cfg.run, self.learning_rate, cfg.keep_best)
-        note, self.measure_said = None if self.measure_said else measure_note(
-            len(self.held_out), self.example.settings.temperature), True
+        note = None if self.measure_said else measure_note(len(self.held_out), self.example.settings.temperature)
+        self.measure_said = True
         print(eval_line(step, reward, by_domain, fell, note), flush=True)
 
     async def check_level(self, step: int) -> None:

@@ -144,10 +144,12 @@ class ModelHost:
         self.base_model = model
         self.model: Any = model  # becomes a PeftModel when the first adapter is added
         self.config = model.config
-        self.name = name or _model_name(self.model_dir)
+        card = _model_card(self.model_dir)
+        own_name = _model_name(self.model_dir, card)
+        self.name = name or own_name
         # a learning rate measured for this model (server/training/hyperparams.py), None for most
-        self.measured_learning_rate: float | None = _model_card(self.model_dir).get("learning_rate")
-        self.aliases = {self.name, str(self.model_dir), _model_name(self.model_dir), *aliases,
+        self.measured_learning_rate: float | None = card.get("learning_rate")
+        self.aliases = {self.name, str(self.model_dir), own_name, *aliases,
                         *([self.config.name_or_path] if getattr(self.config, "name_or_path", None) else [])}
         self.chat = ChatFormat.build(self.tokenizer, chat.template, chat.tool_call_parser, chat.reasoning_parser,
                                      stop_ids_of(self.model_dir, self.config), chat.template_kwargs)
@@ -246,8 +248,8 @@ def _model_card(model_dir: Path) -> dict[str, Any]:
     return json.loads(meta.read_text()) if meta.exists() else {}
 
 
-def _model_name(model_dir: Path) -> str:
-    return _model_card(model_dir).get("name") or re.sub(r"[^A-Za-z0-9._-]", "-", model_dir.name)
+def _model_name(model_dir: Path, card: dict[str, Any]) -> str:
+    return card.get("name") or re.sub(r"[^A-Za-z0-9._-]", "-", model_dir.name)
 
 
 def load_model(settings: Settings) -> ModelHost:

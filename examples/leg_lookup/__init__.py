@@ -85,13 +85,19 @@ def calculate(expression: str) -> str:
     return str(int(result)) if float(result).is_integer() else f"{result:.6g}"
 
 
+def animal_of(name: str) -> str | None:
+    """The kind in reasoning-gym's table that `name` is, singular or the plural its questions write
+    ("woodlouses"); None for an animal it does not have."""
+    name = str(name).strip().lower()
+    return next((c for c in (name, name.removesuffix("s"), name.removesuffix("es")) if c in ANIMALS), None)
+
+
 def legs(animal: str) -> str:
-    """reasoning-gym's legs for one animal, by its name or the plural its questions write ("woodlouses")."""
-    name = str(animal).strip().lower()
-    for candidate in (name, name.removesuffix("s"), name.removesuffix("es")):
-        if candidate in ANIMALS:
-            return str(ANIMALS[candidate])
-    raise ToolError(f"unknown animal {animal!r}")
+    """reasoning-gym's legs for one animal, by its name or its plural."""
+    kind = animal_of(animal)
+    if kind is None:
+        raise ToolError(f"unknown animal {animal!r}")
+    return str(ANIMALS[kind])
 
 
 def rows(options: dict[str, Any], size: int, seed: int) -> list[dict[str, Any]]:
@@ -139,7 +145,7 @@ class LegLookupEnv(Environment):
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
         if name == "legs":
             result = legs(arguments.get("animal", ""))
-            self.looked_up.add(str(arguments.get("animal", "")).strip().lower())
+            self.looked_up.add(animal_of(arguments["animal"]))
             return result
         if name == "calculate":
             self.calculated = True
@@ -151,7 +157,7 @@ class LegLookupEnv(Environment):
         answered = last.get("role") == "assistant" and not last.get("tool_calls")
         reward = score_reply(last.get("content"), self.row) if answered else 0.0
         animals = self.row["metadata"]["animals"]
-        found = sum(any(a == x or a + "s" == x or a + "es" == x for x in self.looked_up) for a in animals)
+        found = sum(a in self.looked_up for a in animals)
         return Score(reward=reward, metrics={"animals_looked_up": found / len(animals),
                                              "calculated": self.calculated, "answered": answered})
 
