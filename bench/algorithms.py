@@ -108,9 +108,9 @@ def spent(history: list[dict[str, Any]], curriculum) -> dict[str, int]:
 async def one_run(url: str, algorithm: str, with_curriculum: bool, a: argparse.Namespace, rows,
                   work: Path) -> dict[str, Any]:
     from client import TrainableModel
-    from client.curriculum import Curriculum
-    from client.loop import train_loop
-    from client.loop_config import LoopConfig
+    from client.loop.curriculum import Curriculum
+    from client.loop.training_loop import train_loop
+    from client.loop.config import LoopConfig
 
     s = shape(algorithm, a)
     name = f"{algorithm}-{'curriculum' if with_curriculum else 'flat'}"

@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client.local_server import LocalServer  # noqa: E402
 from client.model import TrainableModel  # noqa: E402
-from client.evaluation import evaluate  # noqa: E402
-from client.loop import train_loop  # noqa: E402
-from client.loop_config import LoopConfig  # noqa: E402
+from client.loop.evaluation import evaluate  # noqa: E402
+from client.loop.training_loop import train_loop  # noqa: E402
+from client.loop.config import LoopConfig  # noqa: E402
 from examples.demo.task import ShopEnv, ShopExample  # noqa: E402
 from protocol.config import TrainConfig  # noqa: E402
 

@@ -103,16 +103,17 @@ def _engine_alone(batches: tuple[int, ...], rounds: int) -> dict[int, float]:
 
     import torch
 
-    from server.model_host import load_model
+    from server.model.host import load_model
     from server.engine.base import GenRequest
     from server.engine.sampling import SamplingParams
     from server.engine.torch_engine import TorchEngine
-    from server.serving import Policy
+    from server.sampling.served_names import Policy
     from server.settings import Settings
 
     torch.set_num_threads(1)
-    host = load_model(Settings(device="cpu"))
-    engine = TorchEngine(host)
+    settings = Settings(device="cpu")
+    host = load_model(settings)
+    engine = TorchEngine.from_settings(host, settings)
     engine.start()
     base = Policy(host.name, None, None, 0)
     prompt = host.chat.renderer.render([{"role": "user", "content": f"Client 0 asks about the {TOPICS[0]}."}]).ids

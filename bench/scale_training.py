@@ -72,7 +72,7 @@ def measure_training(ray_address: str | None = None, sequences: int = 64, epochs
     from peft import LoraConfig
 
     from protocol.config import TrainConfig
-    from server.model_host import ModelHost
+    from server.model.host import ModelHost
     from server.settings import DEFAULT_MODEL_DIR
     from server.training.data_parallel import DataParallelTrainer, TrainingReplica
     from server.training.optimize import OptimPlan, optimize, rl_loss

@@ -82,7 +82,7 @@ def _model(model: str | None, work: Path) -> tuple[Path, str]:
     from safetensors.torch import load_file
 
     from examples.demo.pretrain import build_model
-    from server.model_source import resolve
+    from server.model.source import resolve
     from server.settings import DEFAULT_CACHE
 
     if model:
@@ -98,7 +98,7 @@ def _vllm_direct(model_dir: Path, work: Path, python: str | None) -> dict[str, f
     from transformers import AutoConfig
 
     from server.engine.vllm_process import BASE_NAME, VllmServer
-    from server.model_host import context_window
+    from server.model.host import context_window
     from server.settings import Settings
 
     settings = Settings(vllm_python=python, data_dir=work / "vllm-direct")

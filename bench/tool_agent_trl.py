@@ -283,7 +283,7 @@ def greedy_episodes(model_dir: Path, adapter: Path | None, rows: list[dict], max
     from transformers import AutoModelForCausalLM
 
     from server.chat.format import ChatFormat, assistant_message
-    from server.model_host import stop_ids_of
+    from server.model.host import stop_ids_of
 
     _threads()
     tokenizer = _tokenizer(model_dir)

@@ -51,7 +51,7 @@ class RunInUse(ConfigError):
 
 
 class RunCannotLearn(RuntimeError):
-    """Training attempts in a row trained nothing; the message says why (see client/patience.py)."""
+    """Training attempts in a row trained nothing; the message says why (see client/loop/patience.py)."""
 
     def __init__(self, message: str, cause: str):
         super().__init__(message)

@@ -1,8 +1,8 @@
 """Which recorded exchange continues which: the one rule that turns model calls into histories.
 
 Three places record a rollout as model calls instead of messages and choices: the server's sessions
-(server/sessions.py), ART's client-side capture (client/art_exchanges.py) and the verifiers relay
-(client/verifiers_adapter.py). Each puts its records in one shape, `RecordedExchange`, and asks
+(server/harness/sessions.py), ART's client-side capture (client/adapters/art_exchanges.py) and the verifiers relay
+(client/adapters/verifiers.py). Each puts its records in one shape, `RecordedExchange`, and asks
 `histories` which exchanges form one conversation, so the same calls always train as the same
 histories whichever way they were captured.
 

@@ -81,7 +81,7 @@ class TrajectoryGroup(BaseModel):
     trajectories: list[Trajectory] = Field(default_factory=list)
     exceptions: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    # The value of the group's prompt estimated before training (A*-PO's V*(x), client/apo.py): with
+    # The value of the group's prompt estimated before training (A*-PO's V*(x), client/loop/apo.py): with
     # TrainConfig.baseline "given", advantages are reward - value, and a group of one trains.
     value: float | None = Field(default=None, allow_inf_nan=False, ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD)
 

@@ -29,7 +29,7 @@ class Example(abc.ABC):
     name: str = "example"
     settings: RolloutSettings = field(default_factory=RolloutSettings)
     # The difficulty the task source draws at, 0 the easiest: an example with levels() > 1 makes its
-    # train and held-out tasks at this level, and a curriculum (client/curriculum.py) raises it.
+    # train and held-out tasks at this level, and a curriculum (client/loop/curriculum.py) raises it.
     level: int = 0
 
     def levels(self) -> int:

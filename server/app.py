@@ -15,13 +15,13 @@ from server import export_queue
 from server.api import (errors, exporter_routes, generate_routes, jsonl_routes, limits, messages_routes,
                         openai_routes, responses_routes, session_routes, training_routes, ui_routes)
 from server.api.deps import ServerState
-from server.data_lock import lock_data_dir
-from server.model_host import ModelHost, load_model
-from server.ownership import Owners
-from server.response_store import ResponseStore
+from server.store.data_lock import lock_data_dir
+from server.model.host import ModelHost, load_model
+from server.runs.ownership import Owners
+from server.harness.responses import ResponseStore
 from server.runs.facade import Runs
-from server.serving import ServedModels
-from server.sessions import Sessions
+from server.sampling.served_names import ServedModels
+from server.harness.sessions import Sessions
 from server.settings import REPLICAS_ARE_TORCH, Settings
 from server.store import Store
 from server.training.jobs import JobManager
@@ -70,12 +70,13 @@ def build_state(settings: Settings) -> ServerState:
     runs = Runs(host, engine, served, data_dir,
                 adapter_memory=settings.adapter_memory_mb * mib if settings.adapter_memory_mb else None,
                 memory_reserve=settings.memory_reserve_mb * mib, store=store)
-    jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, settings.job_time_limit,
-                      settings.max_job_optimizer_steps, make_optimizer(settings, host))
+    jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, time_limit=settings.job_time_limit,
+                      max_optimizer_steps=settings.max_job_optimizer_steps,
+                      optimize_step=make_optimizer(settings, host))
     sessions = Sessions(ttl=settings.session_ttl, max_sessions=settings.max_sessions,
                         max_exchanges=settings.session_max_exchanges, max_tokens=settings.session_max_tokens)
-    return ServerState(settings, host, engine, served, runs, store, jobs, queue, sessions,
-                       ResponseStore(ttl=settings.session_ttl), Owners(store))
+    return ServerState(settings, host, engine, served, runs, store, jobs, sessions,
+                       ResponseStore(ttl=settings.session_ttl), export_queue=queue, owners=Owners(store))
 
 
 def bounded(problems: list[str], count: int = 20, length: int = 300) -> list[str]:

@@ -137,7 +137,7 @@ class Lane:
 class ExportQueue:
     """Every exporter's lane; what a step or a logged batch is handed to."""
 
-    def __init__(self, exporters: list[Exporter], queue_size: int = 16, timeout: float = 10.0):
+    def __init__(self, exporters: list[Exporter], queue_size: int, timeout: float):
         self.timeout = timeout
         self.queue_size = queue_size
         self.lanes = [Lane(e, queue_size) for e in exporters]

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "embedded" / "model"
 REPLICAS_ARE_TORCH = "--replicas runs torch engines on Ray; with --engine vllm, leave --replicas at 1"
@@ -16,67 +16,103 @@ DEFAULT_CACHE = Path(os.environ.get("ARTISAN_CACHE", Path.home() / ".cache" / "a
 
 
 class Settings(BaseModel):
-    # A model directory, a Hugging Face hub id, or a .gguf file (server/model_source.py).
-    model: str = str(DEFAULT_MODEL_DIR)
-    served_model_name: list[str] = []  # names the base model answers to; the first is its served name
-    chat_template: Path | None = None  # Jinja file overriding the tokenizer's template
-    chat_template_kwargs: dict[str, Any] = {}
-    tool_call_parser: str = "auto"
-    reasoning_parser: str = "auto"
-    # Serve `tools` to a template that does not render them (the model never sees them) instead of a 400.
-    allow_unrendered_tools: bool = False
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None  # admin keys (comma-separated): every run is theirs to see
-    # Tenant keys, name -> key (--tenant-keys FILE): each sees only the runs it created.
-    tenant_keys: dict[str, str] = {}
-    max_runs_per_key: int = 100  # runs one key (a tenant, or the admin keys together) may create
-    # Seconds a connection may take to send a request's headers before it is closed (server/connections.py).
-    header_timeout: float = 10.0
-    data_dir: Path = Path("artisan-data")
-    cache_dir: Path = DEFAULT_CACHE  # dequantised GGUF models
-    engine: Literal["torch", "vllm"] = "torch"
-    device: str = "auto"
-    dtype: str = "auto"
-    gradient_checkpointing: bool = False
-    # GB a training step may take the process to; None: its own use plus 90% of what the machine has
-    # available (server/training/memory.py).
-    memory_budget: float | None = None
-    # --engine vllm: the vLLM server process art-server starts beside itself (server/engine/vllm.py)
-    vllm_python: str | None = None  # the Python that has vllm installed (default: art-server's own)
-    vllm_gpu_memory_utilization: float = 0.45  # vLLM's share of the GPU; the trainer uses the rest
-    vllm_max_lora_rank: int = 64
-    vllm_max_loras: int = 8  # adapters decoded in one batch; more stay cached and swap in
-    vllm_start_timeout: float = 900.0
-    # Past one machine on Ray (server/engine/replicas.py, server/training/data_parallel.py): engine
-    # replicas and training processes as Ray actors on the cluster at `ray_address` (None with more
-    # than one of either: a local Ray started by the server).
-    replicas: int = 1
-    train_processes: int = 1
-    ray_address: str | None = None
-    max_batch: int = 64
-    max_waiting: int = 512
-    prefix_cache_mb: int = 1024
-    max_request_bytes: int = 64 * 1024 * 1024
-    # Sessions recorded by the server (server/sessions.py) and responses kept for previous_response_id:
-    # dropped after this many seconds unused; a session holds at most so many exchanges and tokens.
-    session_ttl: float = 3600.0
-    max_sessions: int = 10_000
-    session_max_exchanges: int = 1_000
-    session_max_tokens: int = 2_000_000
-    job_time_limit: float = 6 * 3600.0  # seconds a training job may run before it is stopped
-    # Bounds that keep one run from holding the others (server/training/bounds.py): optimizer steps
-    # per job (None: unbounded); the memory all runs' adapters may take (None: what the device has
-    # left), and the memory kept free for decoding and training.
-    max_job_optimizer_steps: int | None = 1024
-    adapter_memory_mb: int | None = None
-    memory_reserve_mb: int = 1024
-    # Retention: trajectories of only the newest N steps per run are kept (None: all of them).
-    keep_trajectory_steps: int | None = None
-    # Optional trajectory exporters (exporters/, queued by server/export_queue.py): langfuse, weave, openpipe; off when empty.
-    export: list[str] = []
-    export_timeout: float = 10.0
-    export_queue: int = 16
+    """What art-server serves and how; each field's default and description are also its
+    command-line option's (server/cli.py), so a default is written here alone."""
+
+    # server/model/source.py reads it.
+    model: str = Field(default=str(DEFAULT_MODEL_DIR), description="A model directory, a Hugging Face hub id, or a "
+                       ".gguf file (default: the embedded tiny model).")
+    served_model_name: list[str] = Field(default=[], description="Name(s) the base model answers to; the first is the "
+                                         "one it is served as (repeat for more).")
+    chat_template: Path | None = Field(default=None, description="A Jinja chat template file, instead of the "
+                                       "tokenizer's.")
+    chat_template_kwargs: dict[str, Any] = Field(default={}, description='JSON passed to the template, e.g. '
+                                                 '\'{"enable_thinking": false}\'.')
+    tool_call_parser: str = Field(default="auto", description="hermes, llama3_json, mistral, pythonic, openai or none "
+                                  "(auto: from the chat template).")
+    reasoning_parser: str = Field(default="auto", description="qwen3, deepseek_r1, openai or none (auto: from the "
+                                  "template).")
+    allow_unrendered_tools: bool = Field(default=False, description="Serve requests with tools although the chat "
+                                         "template does not render them (the model never sees them); without it "
+                                         "they get a 400.")
+    host: str = Field(default="127.0.0.1", description="Address to bind. A non-loopback address needs an API key.")
+    port: int = Field(default=8000, description="Port to listen on.")
+    api_key: str | None = Field(default=None, description="Key required on every route but /health (Bearer or "
+                                "x-api-key); several keys, comma-separated, are separate callers. These are admin "
+                                "keys: they see every run.")
+    # From --tenant-keys FILE (server/api/auth.py reads it).
+    tenant_keys: dict[str, str] = Field(default={}, description="Tenant keys, name -> key: each tenant sees only the "
+                                        "runs it created.")
+    max_runs_per_key: int = Field(default=100, description="Runs one key may create (a tenant's, or the admin keys' "
+                                  "together); more get a 403.")
+    # server/connections/limits.py enforces it.
+    header_timeout: float = Field(default=10.0, description="Seconds a connection may take to send a request's "
+                                  "headers before it is closed.")
+    data_dir: Path = Field(default=Path("artisan-data"), description="Where runs, checkpoints and logs live.")
+    cache_dir: Path = Field(default=DEFAULT_CACHE, description="Where dequantised GGUF models are kept.")
+    engine: Literal["torch", "vllm"] = Field(default="torch", description="torch (default; CPU or CUDA) or vllm (a "
+                                             "vLLM server process beside art-server; see server/engine/vllm.py).")
+    device: str = Field(default="auto", description="auto, cpu or cuda")
+    dtype: str = Field(default="auto", description="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or "
+                       "float16")
+    gradient_checkpointing: bool = Field(default=False, description="Recompute activations in the backward pass: less "
+                                         "memory for long sequences, about a third more time.")
+    # server/training/memory.py applies it.
+    memory_budget: float | None = Field(default=None, description="GB a training step may take art-server to "
+                                        "(weights, caches and the step's activations); micro-batches are cut to fit, "
+                                        "and a step whose longest sequence cannot is refused (default: its own use "
+                                        "plus 90% of what the machine has available when the step starts).")
+    # --engine vllm: the vLLM server process art-server starts beside itself (server/engine/vllm.py).
+    vllm_python: str | None = Field(default=None, description="--engine vllm: the Python with vllm installed "
+                                    "(default: this one).")
+    vllm_gpu_memory_utilization: float = Field(default=0.45, description="--engine vllm: its share of the GPU's "
+                                               "memory; the trainer needs the rest.")
+    vllm_max_lora_rank: int = Field(default=64, description="--engine vllm: the largest LoRA rank a run may use.")
+    # More adapters than this stay cached and swap in.
+    vllm_max_loras: int = Field(default=8, description="--engine vllm: adapters decoded in one batch.")
+    vllm_start_timeout: float = Field(default=900.0, description="--engine vllm: seconds the vLLM server may take to "
+                                      "start.")
+    # Past one machine on Ray (server/engine/replicas.py, server/training/data_parallel.py).
+    replicas: int = Field(default=1, description="Engine replicas, each a Ray actor with the base model and the runs' "
+                          "adapters, behind this one API (more than 1 needs Ray: the `ray` extra).")
+    train_processes: int = Field(default=1, description="Data-parallel training processes (Ray actors; gloo on CPU, "
+                                 "NCCL on GPU): a step's micro-batches are split among them.")
+    ray_address: str | None = Field(default=None, description="The Ray cluster for --replicas and --train-processes "
+                                    "(default: a local one).")
+    max_batch: int = Field(default=64, description="Sequences decoded together.")
+    max_waiting: int = Field(default=512, description="Sequences queued before requests get 503.")
+    prefix_cache_mb: int = Field(default=1024, description="MiB of recent long prompts' K/V (the torch engine) that a "
+                                 "prompt opening the same way reuses instead of prefilling again (0: off).")
+    max_request_bytes: int = Field(default=64 * 1024 * 1024, description="Larger request bodies get 413.")
+    # Sessions recorded by the server (server/harness/sessions.py) and responses kept for previous_response_id.
+    session_ttl: float = Field(default=3600.0, description="Seconds a recorded session (and a response kept for "
+                               "previous_response_id) lives unused.")
+    max_sessions: int = Field(default=10_000, description="Recorded sessions live at once; a new one past it gets a "
+                              "429.")
+    session_max_exchanges: int = Field(default=1_000, description="Exchanges one recorded session may hold.")
+    session_max_tokens: int = Field(default=2_000_000, description="Tokens one recorded session may hold.")
+    job_time_limit: float = Field(default=6 * 3600.0, description="Seconds a training job may run before it is "
+                                  "stopped.")
+    # Bounds that keep one run from holding the others (server/training/bounds.py).
+    max_job_optimizer_steps: int | None = Field(default=1024, description="Optimizer steps (epochs x minibatches) one "
+                                                "training job may take; larger jobs are refused at submission, so "
+                                                "that one run's job never holds the others' for long (runs take "
+                                                "turns).")
+    adapter_memory_mb: int | None = Field(default=None, description="MiB all runs' adapters, optimizer states and "
+                                          "served copies may take together; a run past it is refused (default: what "
+                                          "the device has left, less --memory-reserve-mb).")
+    memory_reserve_mb: int = Field(default=1024, description="MiB kept free for decoding and training: a new run "
+                                   "whose adapter would eat into it is refused.")
+    keep_trajectory_steps: int | None = Field(default=None, description="Keep trajectories of only the newest N steps "
+                                              "per run (step metrics are always kept). Default: keep all.")
+    # Trajectory exporters (exporters/, queued by server/export_queue.py); off when empty.
+    export: list[str] = Field(default=[], description="Send trajectories to langfuse, weave or openpipe (repeat, or "
+                              "comma-separate); each reads its keys from its own environment variables (see "
+                              "exporters/).")
+    export_timeout: float = Field(default=10.0, description="Seconds an exporter's request may take before it counts "
+                                  "as failed.")
+    export_queue: int = Field(default=16, description="Batches (steps) an exporter may have waiting; more are dropped "
+                              "and counted.")
 
 
 def is_loopback(host: str) -> bool:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import importlib.util
 import os
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from client.local_server import ROOT, LocalServer, free_port  # noqa: F401  (free_port: used by tests)
+from client.local_server import ROOT, LocalServer, free_port  # noqa: F401  (ROOT, free_port: used by tests)
 
 # ART's client lives in an environment of its own (`make test-art`); the main suite leaves it out.
 # vLLM runs from an environment of its own too (`make test-vllm` names its Python), and so do
@@ -29,23 +27,51 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-@contextlib.contextmanager
-def serve_in_thread(app):
-    """`app` served by uvicorn in this process on a free loopback port (for tests that reach into
-    the server's own objects); yields the port."""
-    import uvicorn
+def pytest_configure(config):
+    config.addinivalue_line("markers", "unit: needs no art-server process and no real model weights; "
+                                       "`make test-fast` runs these first (`-m unit`), `make test-slow` the rest")
+    if config.option.markexpr == "unit":
+        _refuse_servers_and_weights()
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+
+_unit_guard = pytest.MonkeyPatch()
+
+
+def _refuse_servers_and_weights() -> None:
+    """The unit tier is fast because nothing in it starts art-server or loads a real model: a test
+    marked `unit` that does fails, saying what it did, rather than slowing the tier down."""
+    import tests.real_models as real_models
+
+    def refuse(what: str):
+        def refused(*args, **kwargs):
+            raise RuntimeError(f"a test marked unit {what}: it belongs in `make test-slow` (drop its mark)")
+        return refused
+
+    _unit_guard.setattr(LocalServer, "start", refuse("started art-server"))
+    for name in ("smollm2_gguf", "gemma3_gguf", "converted"):
+        _unit_guard.setattr(real_models, name, refuse("asked for real model weights"))
+
+
+def pytest_unconfigure(config):
+    _unit_guard.undo()
+
+
+class _StrayExceptionsLogged(asyncio.SelectorEventLoop):
+    """An event loop that logs an exception no one awaited, as asyncio.run's loop does, where
+    anyio's test runner would raise it in whichever test is running: an SDK client that the
+    garbage collector closes during a later test (on that test's loop) is one, and not that test's."""
+
+    def set_exception_handler(self, handler) -> None:
+        super().set_exception_handler(None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def anyio_backend():
+    """anyio's pytest plugin (installed with httpx in every test environment) runs each `async def`
+    test on an asyncio loop of its own, as asyncio.run did (a module's async fixture keeps one loop
+    for that module's tests). Autouse: every test asks for it, so a coroutine test needs no marker
+    and an async fixture also serves a plain test."""
+    return "asyncio", {"loop_factory": _StrayExceptionsLogged}
 
 
 class ServerProcess(LocalServer):

@@ -33,7 +33,7 @@ def gemma3_gguf() -> Path:
 
 def converted(gguf: Path) -> Path:
     """The plain model directory the server serves a GGUF from (converting it if nobody has yet)."""
-    from server.model_source import from_gguf
+    from server.model.source import from_gguf
 
     return from_gguf(gguf, CACHE / "models")
 

@@ -6,14 +6,13 @@ that writes a malformed tool call); everything else talks to a real art-server.
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+from tests.helpers import ServedApp
 
 
 def completion(content: str | None, tool_calls: list[dict] | None = None, finish: str = "stop",
@@ -47,22 +46,15 @@ class ScriptedEndpoint:
                                                "param": None, "code": None}}, status_code=reply)
             return JSONResponse(reply)
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.served = ServedApp(app)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return self.served.url + "/v1"
 
     def __enter__(self) -> "ScriptedEndpoint":
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
+        self.served.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=5)
+        self.served.stop(timeout=5)

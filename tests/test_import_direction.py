@@ -10,6 +10,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # package -> the packages of ours it may import (besides itself).
@@ -144,3 +148,22 @@ def test_a_planted_circle_is_caught(tmp_path):
         "def run():\n    from . import agent  # lazy, still a circle\n")
     (tmp_path / "rollouts" / "tools.py").write_text("from rollouts import env\n")
     assert circles(import_graph(tmp_path)) == [["rollouts.agent", "rollouts.env"]]
+
+
+# server/api/ is the HTTP face and the top of the server: only the process's entry points build it.
+API_USERS = {"server.app", "server.cli"}
+
+
+def api_importers(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(m for m, edges in graph.items()
+                  if m.startswith("server.") and not m.startswith("server.api") and m not in API_USERS
+                  and any(e == "server.api" or e.startswith("server.api.") for e in edges))
+
+
+def test_only_the_entry_points_import_the_http_face():
+    assert api_importers(import_graph(ROOT)) == []
+
+
+def test_a_planted_import_of_the_http_face_is_caught():
+    graph = {"server.training.jobs": {"server.api.errors"}, "server.app": {"server.api.deps"}}
+    assert api_importers(graph) == ["server.training.jobs"]

@@ -98,6 +98,7 @@ def test_readme_section_runs_as_written(title, tmp_path):
             proc.wait(timeout=30)
 
 
+@pytest.mark.unit
 def test_readme_names_only_files_that_exist():
     text = README.read_text()
     for path in re.findall(r"(?<![\w/.-])((?:tests|examples|bench|server|client|docs)/[\w./-]+\.(?:py|jinja|png|md))", text):

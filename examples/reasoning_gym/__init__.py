@@ -46,7 +46,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "count_primes": dict(min_n=1, max_n=20),
 }
 
-# Difficulty levels for a curriculum (client/curriculum.py), each a reasoning-gym dataset's own
+# Difficulty levels for a curriculum (client/loop/curriculum.py), each a reasoning-gym dataset's own
 # settings; level 0 is SETTINGS' easy one. leg_counting grows in kinds of animals and how many of each.
 LEVELS: dict[str, list[dict[str, Any]]] = {
     "leg_counting": [SETTINGS["leg_counting"],

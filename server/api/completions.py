@@ -5,7 +5,7 @@ Chat Completions, Responses and Anthropic Messages all arrive here as a ChatComp
 the prompt is rendered through the model's template with earlier sampled turns spliced in as their
 exact ids, the engine samples while a lease is held on the policy, and each finished sequence
 becomes a chat choice that is remembered in the turn cache and, inside a session, recorded
-(server/sessions.py). The faces differ only in how they dress the choice up.
+(server/harness/sessions.py). The faces differ only in how they dress the choice up.
 
 A request with `tools` to a model whose template cannot show them is refused (unless the operator
 passed --allow-unrendered-tools): the model would answer without ever seeing the tools, and an
@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import Request
 
 from server.api.auth import Caller
-from server.api.chat_choices import build_choice, sampling_info
+from server.sampling.choices import build_choice, sampling_info
 from server.api.deps import ServerState
 from server.api.engine_requests import check_params, resolve_policy, room, submit, wait_finished
 from server.api.errors import APIError

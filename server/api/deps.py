@@ -3,7 +3,7 @@ see it: keys per tenant are enforced here, for every run-scoped route)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, Callable
 
 from fastapi import Depends, Path, Request
@@ -14,13 +14,13 @@ from server.api.auth import Caller, CallerDep, caller
 from server.api.errors import APIError
 from server.engine.base import Engine
 from server.export_queue import ExportQueue
-from server.model_host import ModelHost
-from server.ownership import Owners
-from server.response_store import ResponseStore
+from server.model.host import ModelHost
+from server.runs.ownership import Owners
+from server.harness.responses import ResponseStore
 from server.runs.facade import Runs
 from server.runs.run import Run
-from server.serving import ServedModels
-from server.sessions import SessionError, Sessions
+from server.sampling.served_names import ServedModels
+from server.harness.sessions import SessionError, Sessions
 from server.settings import Settings
 from server.store import Store
 from server.training.jobs import JobManager
@@ -35,9 +35,9 @@ class ServerState:
     runs: Runs
     store: Store
     jobs: JobManager
+    sessions: Sessions
+    responses: ResponseStore  # for previous_response_id
     export_queue: ExportQueue | None = None  # when --export asks for exporters
-    sessions: Sessions = field(default_factory=Sessions)
-    responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
     owners: Owners | None = None  # who created each run; build_state always sets it
 
 

@@ -17,7 +17,7 @@ from server.api.deps import ServerState, may_see_run, other_model
 from server.api.errors import APIError
 from server.engine.base import EngineFull, GenRequest, Unsupported
 from server.engine.sampling import SamplingParams
-from server.serving import Policy
+from server.sampling.served_names import Policy
 
 
 def served_names(state: ServerState, who: Caller) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from server.api.auth import require_api_key
-from server.api.chat_choices import sampling_info
+from server.sampling.choices import sampling_info
 from server.api.deps import ServerState, State
 from server.api.engine_requests import check_params, resolve_policy, room, submit, wait_finished
 from server.api.errors import APIError, documented

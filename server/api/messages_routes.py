@@ -1,11 +1,11 @@
 """`POST /v1/messages`: Anthropic's Messages API as a face of the chat path.
 
-Blocks become chat messages (server/api/translate.py), the one path samples them
-(server/api/completions.py), and the choice comes back as content blocks (thinking where the
-parser found reasoning, text, tool_use) with Anthropic's stop reasons. Beside Anthropic's fields
-the message carries `prompt_token_ids`, `token_ids`, `logprobs` (one number per token id) and
-`sampling`, as a chat choice does; a stream sends Anthropic's events, with those in
-`message_start` and `message_delta`.
+Blocks become chat messages (server/api/translate.py, by protocol/translation.py's rules), the
+one path samples them (server/api/completions.py), and the choice comes back as content blocks
+(thinking where the parser found reasoning, text, tool_use) with Anthropic's stop reasons.
+Beside Anthropic's fields the message carries `prompt_token_ids`, `token_ids`, `logprobs` (one
+number per token id) and `sampling`, as a chat choice does; a stream sends Anthropic's events,
+with those in `message_start` and `message_delta`.
 
 Anthropic's clients authenticate with `x-api-key` (server/api/auth.py takes it), and expect
 `{"type": "error", ...}` bodies, which server/api/errors.py gives on these paths. Under
@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 from server.api import completions, translate
 from server.api.auth import require_api_key
 from server.api.deps import ServerState, SessionId, State, open_session
-from server.api.errors import APIError, documented
+from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.api.messages_schemas import MessagesRequest
 from server.api.streaming import Completion
@@ -46,15 +46,7 @@ async def create_message_in_session(session_id: SessionId, body: MessagesRequest
 
 
 async def _message(body: MessagesRequest, request: Request, state: ServerState, record: completions.Recorder | None):
-    tool_choice, parallel = translate.anthropic_tool_choice(body)
-    try:
-        chat = translate.chat_request(
-            model=body.model, messages=translate.anthropic_conversation(body), tools=translate.anthropic_tools(body),
-            tool_choice=tool_choice, parallel_tool_calls=parallel, max_tokens=body.max_tokens,
-            stop=body.stop_sequences, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-            stream=body.stream, chat_template_kwargs=body.chat_template_kwargs)
-    except translate.TranslationError as e:
-        raise APIError(400, str(e), param=e.param, code="invalid_value")
+    chat = translate.messages_chat(body)
     c = await completions.start(state, chat, require_api_key(request), record)
     msg_id = "msg_" + uuid.uuid4().hex[:24]
     if body.stream:

@@ -1,10 +1,10 @@
 """`GET /v1/models` and `POST /v1/chat/completions`, OpenAI-compatible.
 
 The request goes the one path every face shares (server/api/completions.py) and is answered with
-choices that carry what training needs (server/api/chat_choices.py); the response carries
+choices that carry what training needs (server/sampling/choices.py); the response carries
 `prompt_token_ids`. Under `/v1/sessions/{id}/` (and `/v1/sessions/{id}/v1/`, for a session base URL
 given with the `/v1` an OpenAI base URL usually ends in) the same routes record every exchange for
-the session (server/sessions.py).
+the session (server/harness/sessions.py).
 """
 
 from __future__ import annotations

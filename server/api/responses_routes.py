@@ -1,14 +1,15 @@
 """`POST /v1/responses`: OpenAI's Responses API as a face of the chat path.
 
-Input items become chat messages (server/api/translate.py), the one path samples them
-(server/api/completions.py), and the choice comes back as output items: reasoning where the
-parser found it, the message, one function_call per call. Beside OpenAI's fields the response
-carries what training needs: `prompt_token_ids`, `token_ids`, `logprobs` and `sampling`, as a
-chat choice does. A stream sends Responses' events; `response.completed` holds all of that.
+Input items become chat messages (server/api/translate.py, by protocol/translation.py's rules),
+the one path samples them (server/api/completions.py), and the choice comes back as output
+items: reasoning where the parser found it, the message, one function_call per call. Beside
+OpenAI's fields the response carries what training needs: `prompt_token_ids`, `token_ids`,
+`logprobs` and `sampling`, as a chat choice does. A stream sends Responses' events;
+`response.completed` holds all of that.
 
-A response is kept for `previous_response_id` (server/response_store.py) unless `store` is false.
+A response is kept for `previous_response_id` (server/harness/responses.py) unless `store` is false.
 Under `/v1/sessions/{id}/` (or `/v1/sessions/{id}/v1/`) every exchange is also recorded for the
-session (server/sessions.py).
+session (server/harness/sessions.py).
 """
 
 from __future__ import annotations
@@ -55,17 +56,7 @@ async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
                                 f"(unknown, expired, created with store: false, or another API key's)",
                            param="previous_response_id", code="previous_response_not_found")
         previous = list(stored.messages)
-    try:
-        history, origins = translate.responses_history(body, previous)
-        messages = translate.responses_conversation(body, history, origins)
-        chat = translate.chat_request(
-            model=body.model, messages=messages, tools=translate.responses_tools(body),
-            tool_choice=translate.responses_tool_choice(body), parallel_tool_calls=body.parallel_tool_calls,
-            max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-            logprobs=bool(body.top_logprobs) or None, top_logprobs=body.top_logprobs, stream=body.stream,
-            chat_template_kwargs=body.chat_template_kwargs)
-    except translate.TranslationError as e:
-        raise APIError(400, str(e), param=e.param, code="invalid_value")
+    history, chat = translate.responses_chat(body, previous)
     c = await completions.start(state, chat, require_api_key(request), record)
     r = _Response(body, "resp_" + uuid.uuid4().hex, int(time.time()), c)
 

@@ -1,4 +1,4 @@
-"""Sessions recorded by the server (server/sessions.py): look one up, drop one, train on scored ones.
+"""Sessions recorded by the server (server/harness/sessions.py): look one up, drop one, train on scored ones.
 
 `POST /v1/runs/{name}/session-jobs` takes `{session_id, reward}` groups, assembles each session's
 trajectory from what was recorded, and submits an ordinary RL job: the same checks before it is
@@ -22,7 +22,7 @@ from server.api.deps import RunDep, SessionId, State, session_error
 from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.api.training_routes import LeaseChecked, queue_job
-from server.sessions import SessionError
+from server.harness.sessions import SessionError
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))

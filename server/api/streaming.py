@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from server.api.chat_choices import build_choice, logprob_entries
+from server.sampling.choices import build_choice, logprob_entries
 from server.chat.format import ChatFormat
 from server.engine.base import GenRequest, DecodeSequence
 

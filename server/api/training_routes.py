@@ -25,7 +25,7 @@ from server.store import trajectory_rows
 from server.training import bounds
 from server.training.assemble import AssemblyError, check_submission
 from server.training.jobs import ACTIVE, KeyConflict
-from server.ownership import NameTaken, RunLimit
+from server.runs.ownership import NameTaken, RunLimit
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Protocol
 
 from server.engine.sampling import SamplingParams
-from server.serving import Policy
+from server.sampling.served_names import Policy
 
 
 class EngineFull(Exception):

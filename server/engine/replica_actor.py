@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from server.engine.sampling import SamplingParams
-from server.serving import Policy
+from server.sampling.served_names import Policy
 from server.settings import Settings
 
 
@@ -40,7 +40,7 @@ class ReplicaActor:
     def __init__(self, settings: Settings):
         import torch
 
-        from server.model_host import load_model
+        from server.model.host import load_model
         from server.engine.torch_engine import TorchEngine
 
         torch.set_num_threads(1)  # one core per replica: more threads would contend with the other replicas

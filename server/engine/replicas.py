@@ -39,8 +39,8 @@ from typing import Any
 from server.engine.base import DecodeSequence, EngineError, EngineFull, GenRequest
 from server.engine.replica_actor import ReplicaActor, SeqEvent
 from server.engine.router import Candidate, PrefixMemory, route
-from server.model_host import ModelHost
-from server.ray_cluster import connect
+from server.model.host import ModelHost
+from server.connections.ray_cluster import connect
 from server.settings import Settings
 
 log = logging.getLogger("artisan.replicas")

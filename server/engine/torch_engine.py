@@ -22,8 +22,8 @@ from server.engine.constraints import ConstraintState
 from server.engine.kv_cache import BatchKV
 from server.engine.prefix_cache import Hit, PrefixCache
 from server.engine.sampling import sample
-from server.memory import trim
-from server.model_host import ModelHost
+from server.model.memory import trim
+from server.model.host import ModelHost
 
 if TYPE_CHECKING:
     from server.settings import Settings
@@ -34,7 +34,7 @@ log = logging.getLogger("artisan.engine")
 class TorchEngine:
     max_lora_rank = None
 
-    def __init__(self, host: ModelHost, max_batch: int = 64, max_waiting: int = 512, prefix_cache_mb: int = 1024):
+    def __init__(self, host: ModelHost, max_batch: int, max_waiting: int, prefix_cache_mb: int):
         self.host = host
         self.prefix = PrefixCache(prefix_cache_mb * 2**20)
         self.max_batch = max_batch

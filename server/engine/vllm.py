@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 from server.engine.base import EngineError, EngineFull, GenRequest, DecodeSequence, Unsupported, record_token
 from server.engine.sampling import SamplingParams
 from server.engine.vllm_process import BASE_NAME, VllmServer
-from server.model_host import ModelHost
+from server.model.host import ModelHost
 from server.settings import Settings
 
 log = logging.getLogger("artisan.vllm")

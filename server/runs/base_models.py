@@ -1,7 +1,7 @@
 """Which base model a run belongs to, told before anything is loaded.
 
 A run's adapter only means something on the model it was trained on. run.json records that
-model's name and fingerprint (server/model_host.py `base_fingerprint`: architecture, parameter
+model's name and fingerprint (server/model/host.py `base_fingerprint`: architecture, parameter
 names and shapes); a run from before they were recorded is judged by its newest checkpoint's
 shapes, read from the file's header (no weights read). Either way a run of another model is
 never loaded into this one: it is listed, in one line, as not served by this model, and a
@@ -24,7 +24,7 @@ from safetensors import safe_open
 from protocol.config import RunSpec
 
 if TYPE_CHECKING:
-    from server.model_host import ModelHost
+    from server.model.host import ModelHost
 
 _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
 Misfit = tuple[Literal["model", "settings"], str]  # another model's checkpoint, or other LoRA settings
@@ -149,7 +149,7 @@ def _embedded_linear() -> dict[str, tuple[int, int]]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from server.model_host import linear_modules
+    from server.model.host import linear_modules
     from server.settings import DEFAULT_MODEL_DIR
 
     with torch.device("meta"):  # shapes only: no memory, no weights read

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from protocol.config import RunSpec
 from server.engine.base import Engine
-from server.model_host import ModelHost
+from server.model.host import ModelHost
 from server.runs import pins
 from server.runs.leases import Leases
 from server.runs.registry import RunRegistry
 from server.runs.run import Run
 from server.runs.saved_steps import SavedSteps
 from server.runs.served_steps import ServedSteps
-from server.serving import Policy, ServedModels
+from server.sampling.served_names import Policy, ServedModels
 
 if TYPE_CHECKING:
     from server.store import Store

@@ -11,7 +11,7 @@ import torch
 from protocol.config import RunSpec
 from protocol.metrics import StepMetrics
 from server.engine.base import Engine
-from server.model_host import ModelHost
+from server.model.host import ModelHost
 from server.runs import checkpoints
 from server.training.hyperparams import default_learning_rate
 

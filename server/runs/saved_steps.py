@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from server.model_host import ModelHost
+from server.model.host import ModelHost
 from server.runs import checkpoints
 from server.runs.run import Run
 from server.runs.served_steps import ServedSteps

@@ -9,10 +9,10 @@ import torch
 
 from protocol.names import policy_name, split_policy
 from server.engine.base import Engine
-from server.model_host import ModelHost
+from server.model.host import ModelHost
 from server.runs import checkpoints, pins
 from server.runs.run import Run, adapter_name, lora_config
-from server.serving import Policy, ServedModels
+from server.sampling.served_names import Policy, ServedModels
 
 SERVED_SNAPSHOTS = 3  # recent steps kept loaded; older ones load from their checkpoint on demand
 

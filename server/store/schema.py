@@ -32,7 +32,7 @@ MIGRATIONS: list[str] = [
         SELECT run, ROW_NUMBER() OVER (PARTITION BY run ORDER BY step), NULL, step, kind, 1, 'trained',
                warnings, metrics, created, pending FROM steps;
     """,
-    # 4: who created each run: a tenant's name, NULL for the admin (server/ownership.py)
+    # 4: who created each run: a tenant's name, NULL for the admin (server/runs/ownership.py)
     """
     ALTER TABLE runs ADD COLUMN owner TEXT;
     """,

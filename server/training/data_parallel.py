@@ -57,7 +57,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from server.model_host import ModelHost
+from server.model.host import ModelHost
 from server.runs.run import new_optimizer
 from server.training.assemble import TrainSequence
 from server.training.optimize import Cancelled, OptimizeStats, OptimPlan, Shard, TokenLoss, optimize
@@ -174,7 +174,7 @@ class DataParallelTrainer:
 
     def __init__(self, processes: int, address: str | None, model_dir: Path, device: torch.device, dtype: torch.dtype,
                  gradient_checkpointing: bool = False, start_timeout: float = START_TIMEOUT):
-        from server.ray_cluster import connect
+        from server.connections.ray_cluster import connect
 
         self.ray = connect(address)
         self.world, self.address = processes, address

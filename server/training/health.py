@@ -52,7 +52,7 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
                  f"reward) and were dropped: most of this batch carries no learning signal. The tasks may be too "
                  f"hard for the model as it is: use easier ones, or larger groups.")
     elif constant / max(total, 1) >= 0.5 and m.groups_constant_solved / max(total, 1) < 0.5:
-        # A batch mostly solved is good news, not a fault: the client says so (client/loop.py).
+        # A batch mostly solved is good news, not a fault: the client says so (client/loop/training_loop.py).
         w.append(f"{constant} of {total} groups had constant reward and were dropped{_split(m)}: most of this "
                  f"batch carries no learning signal.")
     if m.trainable_tokens == 0 and not no_group_trains:

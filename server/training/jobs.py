@@ -81,7 +81,7 @@ class Job:
 
 class JobManager:
     def __init__(self, runs: Runs, store: Store, export_queue: ExportQueue | None = None,
-                 keep_trajectory_steps: int | None = None, time_limit: float = 6 * 3600,
+                 keep_trajectory_steps: int | None = None, *, time_limit: float,
                  max_optimizer_steps: int | None = None, optimize_step: Callable[..., Any] = optimize):
         self.runs, self.store = runs, store
         self.optimize = optimize_step  # in this process, or a DataParallelTrainer's (server/training/data_parallel.py)

@@ -19,7 +19,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from protocol.config import LossName, SFTConfig, TrainConfig
-from server.memory import gb, trim
+from server.model.memory import gb, trim
 from server.training import losses, memory
 from server.training.assemble import Cancelled, TrainSequence
 from server.training.batching import Microbatch, deal, make_microbatch, plan

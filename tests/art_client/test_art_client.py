@@ -7,7 +7,6 @@ sometimes answers yes, no or maybe (the embedded shop agent never does).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
 import math
@@ -31,7 +30,7 @@ from openai.types.chat.chat_completion import Choice  # noqa: E402
 from openai.types.chat.chat_completion_message import ChatCompletionMessage  # noqa: E402
 
 from client import TrainableModel as ArtisanModel  # noqa: E402
-from client.art_compat import ArtisanBackend, UnsupportedArgument  # noqa: E402
+from client.adapters.art_compat import ArtisanBackend, UnsupportedArgument  # noqa: E402
 from client.local_server import ROOT, LocalServer  # noqa: E402
 from rewards.ruler import JudgeConfig, score_group  # noqa: E402
 
@@ -78,142 +77,132 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # ART writes its logs under ./.art
 
 
-def test_arts_own_loop_trains_three_steps(server, in_tmp):
+async def test_arts_own_loop_trains_three_steps(server, in_tmp):
     ynm = yes_no_maybe()
 
-    async def go():
-        backend = ArtisanBackend(server.url)
-        model = trainable("ynm", project="artisan-art", base_model=HUB_ID)
-        await model.register(backend)
-        steps = []
-        for batch in iterate_dataset(ynm.build_scenarios(), groups_per_step=4, num_epochs=1, use_tqdm=False):
-            groups = await art.gather_trajectory_groups(
-                (ynm.rollout_fn(model, scenario, None) for scenario in batch.items), pbar_desc="ynm")
-            result = await backend.train(model, groups, learning_rate=1e-4)
-            await model.log(groups, split="train", metrics=result.metrics, step=result.step)
-            steps.append(result)
-            if len(steps) == 3:
-                break
-        assert [r.step for r in steps] == [1, 2, 3] and await model.get_step() == 3
-        for r in steps:
-            assert r.metrics["prompt_mismatches"] == 0 and r.metrics["logprob_gap"] <= 1e-3
-        val = await art.gather_trajectory_groups(
-            [ynm.rollout_fn(model, {"prompt": "respond with maybe"}, None)], pbar_desc="val")
-        await model.log(val, split="val")
-        assert os.path.exists(f".art/artisan-art/models/ynm/trajectories/val/{3:04d}.parquet")
+    backend = ArtisanBackend(server.url)
+    model = trainable("ynm", project="artisan-art", base_model=HUB_ID)
+    await model.register(backend)
+    steps = []
+    for batch in iterate_dataset(ynm.build_scenarios(), groups_per_step=4, num_epochs=1, use_tqdm=False):
+        groups = await art.gather_trajectory_groups(
+            (ynm.rollout_fn(model, scenario, None) for scenario in batch.items), pbar_desc="ynm")
+        result = await backend.train(model, groups, learning_rate=1e-4)
+        await model.log(groups, split="train", metrics=result.metrics, step=result.step)
+        steps.append(result)
+        if len(steps) == 3:
+            break
+    assert [r.step for r in steps] == [1, 2, 3] and await model.get_step() == 3
+    for r in steps:
+        assert r.metrics["prompt_mismatches"] == 0 and r.metrics["logprob_gap"] <= 1e-3
+    val = await art.gather_trajectory_groups(
+        [ynm.rollout_fn(model, {"prompt": "respond with maybe"}, None)], pbar_desc="val")
+    await model.log(val, split="val")
+    assert os.path.exists(f".art/artisan-art/models/ynm/trajectories/val/{3:04d}.parquet")
 
-        await model.delete_checkpoints(best_checkpoint_metric="train/reward")
-        kept = [c["step"] for c in await backend._run(model).list_checkpoints()]
-        assert 3 in kept and len(kept) <= 2, kept
+    await model.delete_checkpoints(best_checkpoint_metric="train/reward")
+    kept = [c["step"] for c in await backend._run(model).list_checkpoints()]
+    assert 3 in kept and len(kept) <= 2, kept
 
-        sft = [art.Trajectory(messages_and_choices=[{"role": "user", "content": s["prompt"]},
-                                                    {"role": "assistant", "content": "maybe"}], reward=1.0)
-               for s in ynm.build_scenarios()[:8]]
-        await model.train_sft(sft, art.TrainSFTConfig(learning_rate=1e-4, batch_size=4))
-        assert await model.get_step() == 4
-        await backend.close()
-    asyncio.run(go())
+    sft = [art.Trajectory(messages_and_choices=[{"role": "user", "content": s["prompt"]},
+                                                {"role": "assistant", "content": "maybe"}], reward=1.0)
+           for s in ynm.build_scenarios()[:8]]
+    await model.train_sft(sft, art.TrainSFTConfig(learning_rate=1e-4, batch_size=4))
+    assert await model.get_step() == 4
+    await backend.close()
 
 
-def test_litellm_and_streamed_rollouts_train_token_exactly(server, in_tmp):
-    async def go():
-        backend = ArtisanBackend(server.url)
-        model = trainable("rebuilt", project="artisan-art", base_model=HUB_ID)
-        await model.register(backend)
-        client = model.openai_client()
-        groups = []
-        for g, prompt in enumerate(["respond with yes or no", "just respond with maybe or no"]):
-            trajs = []
-            for seed in range(4):
-                messages = [{"role": "user", "content": prompt}]
-                if seed % 2:  # litellm, as ART's examples call it, and ART's own conversion of its choice
-                    resp = await litellm.acompletion(model=f"hosted_vllm/{model.get_inference_name()}",
-                                                     messages=messages, api_base=server.url + "/v1", api_key="x",
-                                                     max_tokens=6, seed=g * 10 + seed)
-                    choice = convert_litellm_choice_to_openai(resp.choices[0])
-                else:  # streamed, the choice rebuilt from its chunks
-                    stream = await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
-                                                                  max_tokens=6, seed=g * 10 + seed, stream=True)
-                    text, finish = "", None
-                    async for chunk in stream:
-                        for c in chunk.choices:
-                            text, finish = text + (c.delta.content or ""), c.finish_reason or finish
-                    choice = Choice(index=0, finish_reason=finish,
-                                    message=ChatCompletionMessage(role="assistant", content=text))
-                trajs.append(art.Trajectory(messages_and_choices=[*messages, choice], reward=float(seed)))
-            groups.append(art.TrajectoryGroup(trajs))
-        result = await backend.train(model, groups, learning_rate=1e-4, loss_fn="ppo")
-        assert result.step == 1
-        m = result.metrics
-        assert m["recovered_choices"] == m["choices"] == m["trained_choices"] == 8
-        assert m["prompt_mismatches"] == 0 and m["logprob_gap"] <= 1e-3
-        with pytest.raises(UnsupportedArgument, match="advantage_balance"):
-            await backend.train(model, groups, advantage_balance=0.5)
-    asyncio.run(go())
+async def test_litellm_and_streamed_rollouts_train_token_exactly(server, in_tmp):
+    backend = ArtisanBackend(server.url)
+    model = trainable("rebuilt", project="artisan-art", base_model=HUB_ID)
+    await model.register(backend)
+    client = model.openai_client()
+    groups = []
+    for g, prompt in enumerate(["respond with yes or no", "just respond with maybe or no"]):
+        trajs = []
+        for seed in range(4):
+            messages = [{"role": "user", "content": prompt}]
+            if seed % 2:  # litellm, as ART's examples call it, and ART's own conversion of its choice
+                resp = await litellm.acompletion(model=f"hosted_vllm/{model.get_inference_name()}",
+                                                 messages=messages, api_base=server.url + "/v1", api_key="x",
+                                                 max_tokens=6, seed=g * 10 + seed)
+                choice = convert_litellm_choice_to_openai(resp.choices[0])
+            else:  # streamed, the choice rebuilt from its chunks
+                stream = await client.chat.completions.create(model=model.get_inference_name(), messages=messages,
+                                                              max_tokens=6, seed=g * 10 + seed, stream=True)
+                text, finish = "", None
+                async for chunk in stream:
+                    for c in chunk.choices:
+                        text, finish = text + (c.delta.content or ""), c.finish_reason or finish
+                choice = Choice(index=0, finish_reason=finish,
+                                message=ChatCompletionMessage(role="assistant", content=text))
+            trajs.append(art.Trajectory(messages_and_choices=[*messages, choice], reward=float(seed)))
+        groups.append(art.TrajectoryGroup(trajs))
+    result = await backend.train(model, groups, learning_rate=1e-4, loss_fn="ppo")
+    assert result.step == 1
+    m = result.metrics
+    assert m["recovered_choices"] == m["choices"] == m["trained_choices"] == 8
+    assert m["prompt_mismatches"] == 0 and m["logprob_gap"] <= 1e-3
+    with pytest.raises(UnsupportedArgument, match="advantage_balance"):
+        await backend.train(model, groups, advantage_balance=0.5)
 
 
-def test_ruler_with_art_server_as_the_judge(server, in_tmp):
+async def test_ruler_with_art_server_as_the_judge(server, in_tmp):
     judge = {"api_base": server.url + "/v1", "api_key": "x", "temperature": 0, "max_tokens": 600}
     group = art.TrajectoryGroup([
         art.Trajectory(messages_and_choices=[{"role": "user", "content": "What is 2+2?"},
                                              {"role": "assistant", "content": answer}], reward=0.0)
         for answer in ("4", "5")])
 
-    async def go():
-        # ART parses the judge's reply with its own pydantic schema (no bounds on the score) and
-        # raises when it does not validate; the 135M judge's numbers need not be sensible.
-        try:
-            scored = await ruler_score_group(group, judge_model="openai/smollm2", extra_litellm_params=judge)
-        except pydantic.ValidationError as e:
-            # ART 0.5.23 asks for its JSON schema (response_format), which art-server decodes under
-            # constraint; the schema does not bound the explanation string, and the 135M judge never
-            # closes it, so the reply ends at max_tokens. What the server owes: a prefix of that schema.
-            cut = e.errors()[0]["input"]
-            assert cut.startswith('{"scores": [{"trajectory_id": "'), cut[:80]
-        else:
-            assert scored is not None
-            assert all(math.isfinite(t.reward) and t.metrics["ruler_score"] == t.reward for t in scored.trajectories)
-        ours = await score_group(group_as_ours(group), JudgeConfig(model="smollm2", base_url=server.url + "/v1",
-                                                                   temperature=0, max_tokens=600), max_retries=2,
-                                 backoff_s=0.0)
-        assert all(0 <= t.metrics["ruler_score"] <= 1 for t in ours.trajectories)
-    asyncio.run(go())
+    # ART parses the judge's reply with its own pydantic schema (no bounds on the score) and
+    # raises when it does not validate; the 135M judge's numbers need not be sensible.
+    try:
+        scored = await ruler_score_group(group, judge_model="openai/smollm2", extra_litellm_params=judge)
+    except pydantic.ValidationError as e:
+        # ART 0.5.23 asks for its JSON schema (response_format), which art-server decodes under
+        # constraint; the schema does not bound the explanation string, and the 135M judge never
+        # closes it, so the reply ends at max_tokens. What the server owes: a prefix of that schema.
+        cut = e.errors()[0]["input"]
+        assert cut.startswith('{"scores": [{"trajectory_id": "'), cut[:80]
+    else:
+        assert scored is not None
+        assert all(math.isfinite(t.reward) and t.metrics["ruler_score"] == t.reward for t in scored.trajectories)
+    ours = await score_group(group_as_ours(group), JudgeConfig(model="smollm2", base_url=server.url + "/v1",
+                                                               temperature=0, max_tokens=600), max_retries=2,
+                             backoff_s=0.0)
+    assert all(0 <= t.metrics["ruler_score"] <= 1 for t in ours.trajectories)
 
 
 def group_as_ours(group):
-    from client.art_compat import _groups
+    from client.adapters.art_compat import _groups
 
     return _groups([group])[0]
 
 
-def test_a_step_with_nothing_to_train_raises_instead_of_spinning(server, in_tmp):
-    async def go():
-        backend = ArtisanBackend(server.url)
-        model = trainable("flat", project="artisan-art", base_model=HUB_ID)
-        await model.register(backend)
-        resp = await model.openai_client().chat.completions.create(
-            model=model.get_inference_name(), messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=4)
-        flat = art.TrajectoryGroup([art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, c],
-                                                   reward=0.5) for c in resp.choices])
-        with pytest.raises(Exception, match="same reward"):
-            await backend.train(model, [flat])
-        assert await model.get_step() == 0
-        assert await ArtisanModel("flat").register(server.url) is not None  # the run is there, at step 0
-    asyncio.run(go())
+async def test_a_step_with_nothing_to_train_raises_instead_of_spinning(server, in_tmp):
+    backend = ArtisanBackend(server.url)
+    model = trainable("flat", project="artisan-art", base_model=HUB_ID)
+    await model.register(backend)
+    resp = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=4)
+    flat = art.TrajectoryGroup([art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}, c],
+                                               reward=0.5) for c in resp.choices])
+    with pytest.raises(Exception, match="same reward"):
+        await backend.train(model, [flat])
+    assert await model.get_step() == 0
+    assert await ArtisanModel("flat").register(server.url) is not None  # the run is there, at step 0
 
 
-def test_a_model_that_is_not_trainable_makes_no_run(server, in_tmp):
-    async def go():
-        judge = art.Model(name="judge", project="artisan-art", inference_model_name="gpt-4.1",
-                          inference_base_url="http://127.0.0.1:9/v1", inference_api_key="x")
-        await judge.register(ArtisanBackend(server.url))
-        runs = httpx.get(server.url + "/v1/runs", timeout=30).json()["data"]
-        assert "judge" not in {r["name"] for r in runs}
-    asyncio.run(go())
+async def test_a_model_that_is_not_trainable_makes_no_run(server, in_tmp):
+    judge = art.Model(name="judge", project="artisan-art", inference_model_name="gpt-4.1",
+                      inference_base_url="http://127.0.0.1:9/v1", inference_api_key="x")
+    await judge.register(ArtisanBackend(server.url))
+    runs = httpx.get(server.url + "/v1/runs", timeout=30).json()["data"]
+    assert "judge" not in {r["name"] for r in runs}
 
 
 def test_arts_train_keywords_keep_arts_meaning():
-    from client.art_compat import train_config
+    from client.adapters.art_compat import train_config
 
     cispo = train_config()
     assert (cispo.loss, cispo.epsilon_low, cispo.epsilon_high, cispo.scale_rewards) == ("cispo", 1.0, 4.0, True)
@@ -229,7 +218,7 @@ def test_arts_train_keywords_keep_arts_meaning():
             train_config(**bad)
 
 
-def test_arts_pipeline_trainer_trains_four_steps_through_this_backend(server, in_tmp):
+async def test_arts_pipeline_trainer_trains_four_steps_through_this_backend(server, in_tmp):
     """ART's asynchronous PipelineTrainer with ART's own yes/no/maybe rollout and eval functions:
     rollouts go on while steps train, each group sampled by the step its adapter lease pinned."""
     ynm = yes_no_maybe()
@@ -247,25 +236,22 @@ def test_arts_pipeline_trainer_trains_four_steps_through_this_backend(server, in
     runtime = getattr(pipeline_trainer, "PipelineRuntimeConfig", None)  # 0.5.20 moved these into one config
     pipeline = {"pipeline": runtime(**settings)} if runtime is not None else settings
 
-    async def go():
-        backend = Backend(server.url)
-        model = trainable("pipelined", project="artisan-art", base_model=HUB_ID)
-        await model.register(backend)
-        scenarios = ynm.build_scenarios()
-        trainer = pipeline_trainer.PipelineTrainer(
-            model=model, backend=backend, rollout_fn=ynm.rollout_fn, scenarios=itertools.cycle(scenarios),
-            config=None, learning_rate=1e-4, loss_fn="cispo", max_steps=4, max_steps_off_policy=1,
-            eval_fn=functools.partial(ynm.eval_fn, scenarios=scenarios[:4]), eval_every_n_steps=2,
-            eval_at_start=False, **pipeline)
-        await trainer.train(handle_signals=False)
-        step = await model.get_step()
-        run = await backend._run(model).request("GET", "/v1/runs/pipelined")
-        rows = (await backend._run(model).request("GET", "/v1/runs/pipelined/trajectories",
-                                                  params={"split": "train"}))["data"]
-        await backend.close()
-        return step, run["steps"], rows
-
-    step, steps, rows = asyncio.run(go())
+    backend = Backend(server.url)
+    model = trainable("pipelined", project="artisan-art", base_model=HUB_ID)
+    await model.register(backend)
+    scenarios = ynm.build_scenarios()
+    trainer = pipeline_trainer.PipelineTrainer(
+        model=model, backend=backend, rollout_fn=ynm.rollout_fn, scenarios=itertools.cycle(scenarios),
+        config=None, learning_rate=1e-4, loss_fn="cispo", max_steps=4, max_steps_off_policy=1,
+        eval_fn=functools.partial(ynm.eval_fn, scenarios=scenarios[:4]), eval_every_n_steps=2,
+        eval_at_start=False, **pipeline)
+    await trainer.train(handle_signals=False)
+    step = await model.get_step()
+    run = await backend._run(model).request("GET", "/v1/runs/pipelined")
+    rows = (await backend._run(model).request("GET", "/v1/runs/pipelined/trajectories",
+                                              params={"split": "train"}))["data"]
+    await backend.close()
+    steps = run["steps"]
     assert step == 4 and [s["step"] for s in steps if s["kind"] == "rl"] == [1, 2, 3, 4]
     for s in steps:
         m = s["metrics"]

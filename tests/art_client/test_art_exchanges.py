@@ -10,7 +10,6 @@ not, and one training step per API that must be token-exact. Runs in the ART env
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import json
 
@@ -25,7 +24,7 @@ if "exchanges" not in getattr(art.Trajectory, "model_fields", {}):
 import anthropic  # noqa: E402
 from openai import AsyncOpenAI  # noqa: E402
 
-from client.art_compat import ArtisanBackend  # noqa: E402
+from client.adapters.art_compat import ArtisanBackend  # noqa: E402
 from client.local_server import ROOT, LocalServer  # noqa: E402
 from test_art_client import HUB_ID, SERVER_PYTHON, _smollm2, trainable  # noqa: E402
 
@@ -117,27 +116,23 @@ async def chat_rollout(client: AsyncOpenAI, model: str, seed: int, stream: bool)
             pass
 
 
-def train_captured(server, name: str, rollout, make_client) -> dict[str, float]:
+async def train_captured(server, name: str, rollout, make_client) -> tuple[list, dict[str, float]]:
     """Four rollouts captured by ART (two seeds, streamed and not), two groups, one step."""
-    async def go():
-        backend = ArtisanBackend(server.url)
-        model = trainable(name, project="artisan-art", base_model=HUB_ID)
-        await model.register(backend)
-        client = make_client()
-        groups = []
-        for stream in (False, True):
-            trajectories = [await art.trajectory(rollout(client, model.get_inference_name(), seed, stream))
-                            for seed in (0, 1)]
-            for seed, t in enumerate(trajectories):
-                t.reward = float(seed)
-            groups.append(art.TrajectoryGroup(trajectories))
-        await client.close()
-        captured = [t.exchanges for g in groups for t in g.trajectories]
-        result = await backend.train(model, groups, learning_rate=1e-4)
-        await backend.close()
-        return captured, result
-
-    captured, result = asyncio.run(go())
+    backend = ArtisanBackend(server.url)
+    model = trainable(name, project="artisan-art", base_model=HUB_ID)
+    await model.register(backend)
+    client = make_client()
+    groups = []
+    for stream in (False, True):
+        trajectories = [await art.trajectory(rollout(client, model.get_inference_name(), seed, stream))
+                        for seed in (0, 1)]
+        for seed, t in enumerate(trajectories):
+            t.reward = float(seed)
+        groups.append(art.TrajectoryGroup(trajectories))
+    await client.close()
+    captured = [t.exchanges for g in groups for t in g.trajectories]
+    result = await backend.train(model, groups, learning_rate=1e-4)
+    await backend.close()
     assert result.step == 1
     return captured, result.metrics
 
@@ -148,22 +143,22 @@ def check(metrics: dict[str, float]) -> None:
     assert metrics["prompt_mismatches"] == 0 and metrics["logprob_gap"] <= 1e-3, metrics
 
 
-def test_captured_responses_exchanges_train_token_exactly(server, in_tmp):
-    captured, m = train_captured(server, "cap-responses", responses_rollout,
-                                 lambda: AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0))
+async def test_captured_responses_exchanges_train_token_exactly(server, in_tmp):
+    captured, m = await train_captured(server, "cap-responses", responses_rollout,
+                                       lambda: AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0))
     assert all(len(e.responses) == 2 and not e.messages for e in captured)
     check(m)
 
 
-def test_captured_messages_exchanges_train_token_exactly(server, in_tmp):
-    captured, m = train_captured(server, "cap-messages", messages_rollout,
-                                 lambda: anthropic.AsyncAnthropic(base_url=server.url, api_key="x", max_retries=0))
+async def test_captured_messages_exchanges_train_token_exactly(server, in_tmp):
+    captured, m = await train_captured(server, "cap-messages", messages_rollout,
+                                       lambda: anthropic.AsyncAnthropic(base_url=server.url, api_key="x", max_retries=0))
     assert all(len(e.messages) == 2 and not e.responses for e in captured)
     check(m)
 
 
-def test_captured_chat_completions_exchanges_train_token_exactly(server, in_tmp):
-    captured, m = train_captured(server, "cap-chat", chat_rollout,
-                                 lambda: AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0))
+async def test_captured_chat_completions_exchanges_train_token_exactly(server, in_tmp):
+    captured, m = await train_captured(server, "cap-chat", chat_rollout,
+                                       lambda: AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0))
     assert all(len(e.chat_completions) == 2 for e in captured)
     check(m)

@@ -52,24 +52,21 @@ async def _group(client, model: str, row, seed: int) -> TrajectoryGroup:
                                                     reward=task.score(c.message.content, row)) for c in r.choices])
 
 
-def test_grpo_raises_smollm2s_held_out_accuracy_on_a_reasoning_gym_task(smollm2):
+async def test_grpo_raises_smollm2s_held_out_accuracy_on_a_reasoning_gym_task(smollm2):
     train = task.rows(task.TASK, STEPS * PROMPTS, task.TRAIN_SEED)
     held_out = task.rows(task.TASK, HELD_OUT, task.EVAL_SEED)
 
-    async def go():
-        model = await TrainableModel("smollm2-learns").register(smollm2.url)
-        async with model.openai_client(max_retries=0) as client:
-            before = await _accuracy(client, model.name, held_out)
-            for step in range(STEPS):
-                rows = train[step * PROMPTS:(step + 1) * PROMPTS]
-                groups = await asyncio.gather(*(_group(client, model.name, row, seed=step * 100 + i)
-                                                for i, row in enumerate(rows)))
-                result = await model.train(list(groups), TrainConfig())
-                m = result.metrics
-                assert m.prompt_mismatches == 0
-                assert m.logprob_gap is None or m.logprob_gap <= 1e-3
-            after = await _accuracy(client, model.name, held_out)
-        print(f"SmolLM2 held-out accuracy before {before:.3f}, after {after:.3f}")
-        assert after >= before + RISE, f"held-out accuracy did not rise by {RISE}: {before:.3f} -> {after:.3f}"
-
-    asyncio.run(go())
+    model = await TrainableModel("smollm2-learns").register(smollm2.url)
+    async with model.openai_client(max_retries=0) as client:
+        before = await _accuracy(client, model.name, held_out)
+        for step in range(STEPS):
+            rows = train[step * PROMPTS:(step + 1) * PROMPTS]
+            groups = await asyncio.gather(*(_group(client, model.name, row, seed=step * 100 + i)
+                                            for i, row in enumerate(rows)))
+            result = await model.train(list(groups), TrainConfig())
+            m = result.metrics
+            assert m.prompt_mismatches == 0
+            assert m.logprob_gap is None or m.logprob_gap <= 1e-3
+        after = await _accuracy(client, model.name, held_out)
+    print(f"SmolLM2 held-out accuracy before {before:.3f}, after {after:.3f}")
+    assert after >= before + RISE, f"held-out accuracy did not rise by {RISE}: {before:.3f} -> {after:.3f}"

@@ -4,7 +4,6 @@ process that dies fails its step alone; through a real art-server with --train-p
 
 from __future__ import annotations
 
-import asyncio
 import random
 import socket
 import threading
@@ -15,18 +14,17 @@ import httpx
 import pytest
 import torch
 from peft import LoraConfig
-from safetensors.torch import load_file
 
 from client import ServerError, TrainConfig, TrainableModel
-from server.model_host import ModelHost
-from server.ray_cluster import connect
+from server.model.host import ModelHost
+from server.connections.ray_cluster import connect
 from server.runs.run import new_optimizer
 from server.settings import DEFAULT_MODEL_DIR
 from server.training.assemble import TrainSequence
 from server.training.data_parallel import DataParallelTrainer, TrainingReplica, TrainProcessFailed
 from server.training.optimize import Cancelled, OptimPlan, optimize, rl_loss, sft_loss
 from tests.conftest import ServerProcess
-from tests.test_training_service import _groups, _with_rewards
+from tests.helpers import adapter_weights, demo_groups, with_rewards
 
 FIGURES = ("loss", "entropy", "clip_fraction", "logprob_gap", "kl_to_base", "grad_norm", "padding_fraction")
 COUNTS = ("loss_tokens", "row_tokens", "padding_tokens", "gap_tokens", "kl_tokens", "clipped", "optimizer_steps",
@@ -189,15 +187,9 @@ def test_a_process_that_dies_fails_its_step_and_the_next_step_starts_new_ones(ra
 
 # ---- through the real server --------------------------------------------------------------------
 
-def _adapter(data_dir, run: str, step: int) -> dict[str, torch.Tensor]:
-    return load_file(str(data_dir / "runs" / run / "checkpoints" / f"step_{step:06d}" / "adapter.safetensors"))
-
-
-def _train_once(srv: ServerProcess, groups, config: TrainConfig):
-    async def go():
-        model = await TrainableModel("dp").register(srv.url)
-        return await model.train(groups, config)
-    return asyncio.run(go())
+async def _train_once(srv: ServerProcess, groups, config: TrainConfig):
+    model = await TrainableModel("dp").register(srv.url)
+    return await model.train(groups, config)
 
 
 def _training_processes(ray, srv: ServerProcess, rank: str = "") -> list[str]:
@@ -207,19 +199,17 @@ def _training_processes(ray, srv: ServerProcess, rank: str = "") -> list[str]:
             if a["name"].startswith(mine) and a["name"].endswith(rank)]
 
 
-def test_a_server_with_two_training_processes_trains_and_serves_the_step(ray, ray_cluster, tmp_path):
+async def test_a_server_with_two_training_processes_trains_and_serves_the_step(ray, ray_cluster, tmp_path):
     # At the embedded model's default (2e-3) summation order alone moves the LoRA by up to 1.6e-5
     # (see PLAN above): the bound below holds at 5e-4.
     config = TrainConfig(learning_rate=5e-4, num_minibatches=2, max_tokens_per_microbatch=512)
     with ServerProcess(tmp_path / "sampler") as sampler:
-        async def sample():
-            model = await TrainableModel("dp").register(sampler.url)
-            return _with_rewards(await _groups(model, 2, 4, seed=5), [[0.0, 1.0, 0.5, 0.0], [1.0, 0.0, 0.0, 0.5]])
-        groups = asyncio.run(sample())
-        single = _train_once(sampler, groups, config)  # the same step on one process, for comparison
+        model = await TrainableModel("dp").register(sampler.url)
+        groups = with_rewards(await demo_groups(model, 2, 4, seed=5), [[0.0, 1.0, 0.5, 0.0], [1.0, 0.0, 0.0, 0.5]])
+        single = await _train_once(sampler, groups, config)  # the same step on one process, for comparison
 
     with ServerProcess(tmp_path / "dp", extra=["--train-processes", "2", "--ray-address", ray_cluster]) as srv:
-        result = _train_once(srv, groups, config)
+        result = await _train_once(srv, groups, config)
         m = result.metrics
         assert len(_training_processes(ray, srv)) == 2  # it trained on them, not in the server process
         assert result.trained and result.step == 1
@@ -228,7 +218,7 @@ def test_a_server_with_two_training_processes_trains_and_serves_the_step(ray, ra
             assert getattr(m, k) == getattr(single.metrics, k), k
         for k in ("loss", "entropy", "clip_fraction", "logprob_gap", "grad_norm", "lora_update_norm"):
             assert getattr(m, k) == pytest.approx(getattr(single.metrics, k), rel=1e-4, abs=1e-7), k
-        want, got = _adapter(tmp_path / "sampler", "dp", 1), _adapter(tmp_path / "dp", "dp", 1)
+        want, got = adapter_weights(tmp_path / "sampler", "dp", 1), adapter_weights(tmp_path / "dp", "dp", 1)
         diff = max(float((got[k] - want[k]).abs().max()) for k in want)
         print(f"server step: max |2-process - 1-process| over LoRA tensors {diff:.2e}; loss {m.loss:.6f} vs "
               f"{single.metrics.loss:.6f}, grad norm {m.grad_norm:.6f} vs {single.metrics.grad_norm:.6f}")
@@ -241,25 +231,23 @@ def test_a_server_with_two_training_processes_trains_and_serves_the_step(ray, ra
         assert r.json()["choices"][0]["sampling"]["step"] == 1
 
 
-def test_a_training_process_killed_mid_step_fails_that_job_and_the_server_goes_on(ray, ray_cluster, tmp_path):
+async def test_a_training_process_killed_mid_step_fails_that_job_and_the_server_goes_on(ray, ray_cluster, tmp_path):
     with ServerProcess(tmp_path / "dp", extra=["--train-processes", "2", "--ray-address", ray_cluster]) as srv:
-        async def go():
-            model = await TrainableModel("dp-kill").register(srv.url)
-            groups = _with_rewards(await _groups(model, 2, 3, seed=7), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
-            assert (await model.train(groups, TrainConfig(learning_rate=1e-3))).step == 1  # processes up
-            names = _training_processes(ray, srv, rank="-1")
-            assert len(names) == 1, names
-            killer = threading.Timer(2.0, lambda: ray.kill(ray.get_actor(names[0], namespace="artisan")))
-            killer.start()
-            with pytest.raises(ServerError, match="data-parallel training process 1 of 2 failed") as failed:
-                await model.train(groups, TrainConfig(learning_rate=1e-3, epochs=100, num_minibatches=6))
-            killer.join()
-            print(f"the job's error: {failed.value}")
-            assert await model.get_step() == 1  # the failed step never landed
-            health = httpx.get(srv.url + "/health", timeout=30)
-            assert health.status_code == 200 and health.json()["status"] == "ok", health.text
-            r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
-                "model": "dp-kill", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
-            assert r.status_code == 200 and r.json()["choices"][0]["sampling"]["step"] == 1
-            assert (await model.train(groups, TrainConfig(learning_rate=1e-3))).step == 2  # new processes
-        asyncio.run(go())
+        model = await TrainableModel("dp-kill").register(srv.url)
+        groups = with_rewards(await demo_groups(model, 2, 3, seed=7), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
+        assert (await model.train(groups, TrainConfig(learning_rate=1e-3))).step == 1  # processes up
+        names = _training_processes(ray, srv, rank="-1")
+        assert len(names) == 1, names
+        killer = threading.Timer(2.0, lambda: ray.kill(ray.get_actor(names[0], namespace="artisan")))
+        killer.start()
+        with pytest.raises(ServerError, match="data-parallel training process 1 of 2 failed") as failed:
+            await model.train(groups, TrainConfig(learning_rate=1e-3, epochs=100, num_minibatches=6))
+        killer.join()
+        print(f"the job's error: {failed.value}")
+        assert await model.get_step() == 1  # the failed step never landed
+        health = httpx.get(srv.url + "/health", timeout=30)
+        assert health.status_code == 200 and health.json()["status"] == "ok", health.text
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
+            "model": "dp-kill", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["sampling"]["step"] == 1
+        assert (await model.train(groups, TrainConfig(learning_rate=1e-3))).step == 2  # new processes

@@ -3,20 +3,19 @@ worker node), against a real art-server on the embedded model, through the real 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
-import sys
 import time
 
 import pytest
 
 from client.model import TrainableModel
-from client.ray_rollouts import RayRolloutPool, RayWorkers
-from client.rollout_source import run_groups
+from client.loop.ray_rollouts import RayRolloutPool, RayWorkers
+from client.loop.rollout_source import run_groups
 from examples.demo.task import ShopExample
 from protocol.choices import choice_logprobs, choice_sampling, choice_token_ids
 from tests.conftest import ROOT
+from tests.helpers import train_command
 
 ray = pytest.importorskip("ray")
 
@@ -24,10 +23,9 @@ KEY = "ray-rollouts-key"
 
 
 def _command(srv, out, ray_address: str, run: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "client.train", "--server", srv.url, "--api-key", KEY, "--run", run,
-            "--example", "demo", "--groups-per-step", "4", "--group-size", "4", "--eval-every", "0",
-            "--eval-tasks", "8", "--learning-rate", "1e-3", "--patience", "10", "--out", str(out), "--no-progress",
-            "--ray-address", ray_address, *args]
+    return train_command(srv.url, out, run, "--api-key", KEY, "--example", "demo", "--groups-per-step", "4",
+                         "--group-size", "4", "--eval-every", "0", "--eval-tasks", "8", "--learning-rate", "1e-3",
+                         "--patience", "10", "--ray-address", ray_address, *args)
 
 
 def test_a_step_trains_on_rollouts_from_ray_workers(fresh_server, ray_cluster, tmp_path):
@@ -129,12 +127,12 @@ class FlakyShop(ShopExample):
         return await super().rollout(client, model, task)
 
 
-def test_run_groups_on_workers_keeps_choices_and_errors_as_here(fresh_server, ray_cluster):
+async def test_run_groups_on_workers_keeps_choices_and_errors_as_here(fresh_server, ray_cluster):
     srv = fresh_server(api_key=KEY)
     example = FlakyShop()
     tasks = example.eval_tasks()[:4]
 
-    async def on_workers():
+    try:
         model = await TrainableModel("ray-lib").register(srv.url, KEY)
         settings = RayWorkers(address=ray_cluster, workers=2, concurrency=2)
         pool = await RayRolloutPool(settings, example, model.server_url, KEY, model.name).start()
@@ -143,10 +141,7 @@ def test_run_groups_on_workers_keeps_choices_and_errors_as_here(fresh_server, ra
             loads = [await a.load.remote() for a in pool.actors]
         finally:
             pool.close()
-        return groups, loads, pool.figures
-
-    try:
-        groups, loads, figures = asyncio.run(on_workers())
+        figures = pool.figures
     finally:
         ray.shutdown()
     for task, group in zip(tasks, groups):

@@ -20,7 +20,7 @@ from client import TrainConfig, TrainableModel
 from server.engine.sampling import SamplingParams
 from server.runs.run import adapter_name
 from tests.conftest import ServerProcess
-from tests.test_training_service import _groups, _with_rewards
+from tests.helpers import demo_groups, with_rewards
 
 STEP_1 = adapter_name("replicated", "s1")  # the engine's name for the run's first trained step
 
@@ -60,20 +60,18 @@ def _seeded(srv, model: str) -> tuple[dict, list[int], list[float]]:
     return raw, raw["choices"][0]["token_ids"], [t.logprob for t in r.choices[0].logprobs.content]
 
 
-def test_two_replicas_serve_and_health_shows_each(srv):
+async def test_two_replicas_serve_and_health_shows_each(srv):
     health = _health(srv.url)
     assert health["status"] == "ok"
     assert [(r["index"], r["state"]) for r in health["replicas"]] == [(0, "up"), (1, "up")]
     pids = {r["pid"] for r in health["replicas"]}
     assert len(pids) == 2 and os.getpid() not in pids
 
-    async def go():  # at once, on a fresh server: the least loaded rule spreads them
-        async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
-            return await asyncio.gather(*(client.chat.completions.create(
-                model="artisan-tiny", messages=[{"role": "user", "content": f"Tell me about the {fruit}."}],
-                max_tokens=48, extra_body={"ignore_eos": True}) for fruit in ("apple", "banana", "cherry", "plum")))
-
-    answers = asyncio.run(go())
+    # at once, on a fresh server: the least loaded rule spreads them
+    async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
+        answers = await asyncio.gather(*(client.chat.completions.create(
+            model="artisan-tiny", messages=[{"role": "user", "content": f"Tell me about the {fruit}."}],
+            max_tokens=48, extra_body={"ignore_eos": True}) for fruit in ("apple", "banana", "cherry", "plum")))
     assert all(a.usage.completion_tokens == 48 for a in answers)
     assert [r["served"] for r in _health(srv.url)["replicas"]] == [2, 2]
 
@@ -125,12 +123,9 @@ def test_a_conversation_s_next_turn_goes_to_the_replica_that_served_its_last(srv
     assert after_second[1] == after_first[1] + 1
 
 
-def test_a_trained_step_is_served_under_its_run_name_only_once_every_replica_has_it(srv):
-    async def rollouts():
-        model = await TrainableModel("replicated").register(srv.url)
-        return model, _with_rewards(await _groups(model, 2, 3, seed=5), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
-
-    model, groups = asyncio.run(rollouts())
+async def test_a_trained_step_is_served_under_its_run_name_only_once_every_replica_has_it(srv):
+    model = await TrainableModel("replicated").register(srv.url)
+    groups = with_rewards(await demo_groups(model, 2, 3, seed=5), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
     replicas = _health(srv.url)["replicas"]
     frozen = replicas[1]
     os.kill(frozen["pid"], signal.SIGSTOP)  # alive to Ray, but it loads nothing until it is let go
@@ -158,25 +153,22 @@ def test_a_trained_step_is_served_under_its_run_name_only_once_every_replica_has
         assert _replica_answer(replica["name"], raw["prompt_token_ids"], params, STEP_1) == (ids, lps)
 
 
-def test_a_replica_killed_mid_load_loses_no_retried_request_and_comes_back(srv):
+async def test_a_replica_killed_mid_load_loses_no_retried_request_and_comes_back(srv):
     before = {r["index"]: r for r in _health(srv.url)["replicas"]}
     victim = before[0]
 
-    async def load() -> list:
-        # The SDK retries a 500 (here: the replica died under the request) after a short wait.
-        async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=4) as client:
-            async def one(i: int):
-                return await client.chat.completions.create(
-                    model="replicated", messages=[{"role": "user", "content": f"Count to {i} in fruit."}],
-                    max_tokens=64, extra_body={"ignore_eos": True})
+    # The SDK retries a 500 (here: the replica died under the request) after a short wait.
+    async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=4) as client:
+        async def one(i: int):
+            return await client.chat.completions.create(
+                model="replicated", messages=[{"role": "user", "content": f"Count to {i} in fruit."}],
+                max_tokens=64, extra_body={"ignore_eos": True})
 
-            tasks = [asyncio.create_task(one(i)) for i in range(16)]
-            while _health(srv.url)["replicas"][0]["in_flight"] == 0:
-                await asyncio.sleep(0.05)
-            os.kill(victim["pid"], signal.SIGKILL)
-            return await asyncio.gather(*tasks)
-
-    answers = asyncio.run(load())
+        tasks = [asyncio.create_task(one(i)) for i in range(16)]
+        while _health(srv.url)["replicas"][0]["in_flight"] == 0:
+            await asyncio.sleep(0.05)
+        os.kill(victim["pid"], signal.SIGKILL)
+        answers = await asyncio.gather(*tasks)
     assert len(answers) == 16 and all(a.usage.completion_tokens == 64 for a in answers)
     assert f"replica {victim['name']} failed a request" in Path(srv.log_path).read_text()  # some were retried
     deadline = time.monotonic() + 120

@@ -8,8 +8,8 @@ pytest.importorskip("verifiers")
 
 from openai.types.chat.chat_completion import Choice  # noqa: E402
 
-import tests.test_histories as shared  # noqa: E402  (the exchanges the server and ART are fed)
-from client.verifiers_adapter import RecordedCall, _as_sse, histories, recorded_exchange  # noqa: E402
+import tests.protocol.test_histories as shared  # noqa: E402  (the exchanges the server and ART are fed)
+from client.adapters.verifiers import RecordedCall, _as_sse, histories, recorded_exchange  # noqa: E402
 
 SYSTEM = {"role": "system", "content": "s"}
 USER = {"role": "user", "content": "u"}
@@ -64,7 +64,7 @@ def test_a_completion_streams_back_as_one_chunk_with_its_tool_calls_indexed():
 
 
 def test_the_relay_builds_the_histories_the_server_and_art_build_from_the_same_exchanges():
-    """The same recorded exchanges tests/test_histories.py feeds the server's sessions and ART's
+    """The same recorded exchanges tests/protocol/test_histories.py feeds the server's sessions and ART's
     capture, relayed: protocol/histories.py's rule gives all three the same histories."""
     calls = [RecordedCall(messages, tools, Choice.model_validate(c)) for messages, tools, c in shared.RECORDED]
     relayed = recorded_exchange(calls[1])

@@ -8,7 +8,6 @@ eval client, pointed at art-server directly (`vf-eval`) or through the adapter's
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -23,7 +22,7 @@ vf = pytest.importorskip("verifiers.v1")
 from client import TrainConfig, TrainableModel  # noqa: E402
 from client.gather import TooManyExceptions  # noqa: E402
 from client.local_server import ROOT, LocalServer, free_port  # noqa: E402
-from client.verifiers_adapter import gather_verifiers_groups  # noqa: E402
+from client.adapters.verifiers import gather_verifiers_groups  # noqa: E402
 from protocol.choices import choice_sampling, choice_token_ids  # noqa: E402
 
 SERVER_PYTHON = str(ROOT / ".venv" / "bin" / "python")
@@ -74,80 +73,74 @@ def reasoning_gym_env(**rewards) -> vf.Env:
     }))
 
 
-def test_adapter_groups_train_one_step_token_exactly(server, in_tmp):
+async def test_adapter_groups_train_one_step_token_exactly(server, in_tmp):
     # A length bonus beside reasoning-gym's own score, so that groups differ even if no reply is right.
     env = reasoning_gym_env(length={"fn": f"{HOOKS}:reply_chars", "weight": 0.001})
 
-    async def go():
-        model = await TrainableModel("vf-adapter").register(server.url)
-        tasks = list(env.taskset)[:3]
-        groups = await gather_verifiers_groups(env, model, tasks, group_size=4,
-                                               sampling={"temperature": 1.0, "max_tokens": MAX_TOKENS})
-        assert len(groups) == 3
-        for group, task in zip(groups, tasks):
-            assert group.exceptions == [] and len(group.trajectories) == 4
-            assert group.metadata["task"] == task.key
-            for t in group.trajectories:
-                [c] = t.choices()
-                assert 0 < len(choice_token_ids(c)) <= MAX_TOKENS
-                assert len(c.logprobs.content) == len(choice_token_ids(c))
-                assert choice_sampling(c).policy == "vf-adapter" and choice_sampling(c).temperature == 1.0
-                assert t.messages_and_choices[1] == {"role": "user", "content": task.data.prompt}
-                # the rubric's reward, component by component
-                assert t.reward == pytest.approx(t.metrics["reward_correct"] + 0.001 * t.metrics["reward_length"])
-                assert t.metrics["reward_length"] == len((c.message.content or "").strip())  # last_reply strips
-        result = await model.train(groups, TrainConfig(learning_rate=1e-4))
-        m = result.metrics
-        assert result.trained, result.warnings
-        assert m.trajectories_total == 12 and m.trained_choices == m.choices == 12
-        assert m.prompt_mismatches == 0 and m.recovered_choices == 0
-        assert m.logprob_gap is not None and m.logprob_gap <= 1e-3
-        assert m.lora_update_norm > 0
-    asyncio.run(go())
+    model = await TrainableModel("vf-adapter").register(server.url)
+    tasks = list(env.taskset)[:3]
+    groups = await gather_verifiers_groups(env, model, tasks, group_size=4,
+                                           sampling={"temperature": 1.0, "max_tokens": MAX_TOKENS})
+    assert len(groups) == 3
+    for group, task in zip(groups, tasks):
+        assert group.exceptions == [] and len(group.trajectories) == 4
+        assert group.metadata["task"] == task.key
+        for t in group.trajectories:
+            [c] = t.choices()
+            assert 0 < len(choice_token_ids(c)) <= MAX_TOKENS
+            assert len(c.logprobs.content) == len(choice_token_ids(c))
+            assert choice_sampling(c).policy == "vf-adapter" and choice_sampling(c).temperature == 1.0
+            assert t.messages_and_choices[1] == {"role": "user", "content": task.data.prompt}
+            # the rubric's reward, component by component
+            assert t.reward == pytest.approx(t.metrics["reward_correct"] + 0.001 * t.metrics["reward_length"])
+            assert t.metrics["reward_length"] == len((c.message.content or "").strip())  # last_reply strips
+    result = await model.train(groups, TrainConfig(learning_rate=1e-4))
+    m = result.metrics
+    assert result.trained, result.warnings
+    assert m.trajectories_total == 12 and m.trained_choices == m.choices == 12
+    assert m.prompt_mismatches == 0 and m.recovered_choices == 0
+    assert m.logprob_gap is not None and m.logprob_gap <= 1e-3
+    assert m.lora_update_norm > 0
 
 
-def test_adapter_groups_from_the_train_client_train_one_step_token_exactly(server, smollm2_dir, in_tmp):
+async def test_adapter_groups_from_the_train_client_train_one_step_token_exactly(server, smollm2_dir, in_tmp):
     """verifiers renders the prompts (SmolLM2's own template, as art-server does) and samples them
     on art-server's token-in route through the relay: the groups train with no prompt mismatch."""
     env = reasoning_gym_env(length={"fn": f"{HOOKS}:reply_chars", "weight": 0.001})
 
-    async def go():
-        model = await TrainableModel("vf-token-in").register(server.url)
-        tasks = list(env.taskset)[:2]
-        groups = await gather_verifiers_groups(env, model, tasks, group_size=4, renderer_model=smollm2_dir,
-                                               sampling={"temperature": 1.0, "max_tokens": MAX_TOKENS})
-        for group, task in zip(groups, tasks):
-            assert group.exceptions == [] and len(group.trajectories) == 4
-            for t in group.trajectories:
-                [c] = t.choices()
-                assert 0 < len(choice_token_ids(c)) <= MAX_TOKENS
-                assert len(c.logprobs.content) == len(choice_token_ids(c))
-                assert choice_sampling(c).policy == "vf-token-in" and choice_sampling(c).temperature == 1.0
-                assert t.messages_and_choices[-2] == {"role": "user", "content": task.data.prompt}
-                assert t.metrics["reward_length"] == len((c.message.content or "").strip())
-        result = await model.train(groups, TrainConfig(learning_rate=1e-4))
-        m = result.metrics
-        assert result.trained, result.warnings
-        assert m.trained_choices == m.choices == 8
-        assert m.prompt_mismatches == 0 and m.recovered_choices == 0
-        assert m.logprob_gap is not None and m.logprob_gap <= 1e-3
-    asyncio.run(go())
+    model = await TrainableModel("vf-token-in").register(server.url)
+    tasks = list(env.taskset)[:2]
+    groups = await gather_verifiers_groups(env, model, tasks, group_size=4, renderer_model=smollm2_dir,
+                                           sampling={"temperature": 1.0, "max_tokens": MAX_TOKENS})
+    for group, task in zip(groups, tasks):
+        assert group.exceptions == [] and len(group.trajectories) == 4
+        for t in group.trajectories:
+            [c] = t.choices()
+            assert 0 < len(choice_token_ids(c)) <= MAX_TOKENS
+            assert len(c.logprobs.content) == len(choice_token_ids(c))
+            assert choice_sampling(c).policy == "vf-token-in" and choice_sampling(c).temperature == 1.0
+            assert t.messages_and_choices[-2] == {"role": "user", "content": task.data.prompt}
+            assert t.metrics["reward_length"] == len((c.message.content or "").strip())
+    result = await model.train(groups, TrainConfig(learning_rate=1e-4))
+    m = result.metrics
+    assert result.trained, result.warnings
+    assert m.trained_choices == m.choices == 8
+    assert m.prompt_mismatches == 0 and m.recovered_choices == 0
+    assert m.logprob_gap is not None and m.logprob_gap <= 1e-3
 
 
-def test_a_rollout_whose_model_is_unreachable_is_an_exception_not_a_zero(server, in_tmp):
+async def test_a_rollout_whose_model_is_unreachable_is_an_exception_not_a_zero(server, in_tmp):
     env = reasoning_gym_env()
 
-    async def go():
-        model = await TrainableModel("vf-down").register(server.url)
-        model.server_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-        tasks = list(env.taskset)[:1]
-        [group] = await gather_verifiers_groups(env, model, tasks, group_size=2, max_exceptions=1.0,
-                                                sampling={"max_tokens": MAX_TOKENS})
-        assert group.trajectories == [] and len(group.exceptions) == 2
-        assert all("art-server" in e or "Provider" in e for e in group.exceptions), group.exceptions
-        with pytest.raises(TooManyExceptions, match="2 of 2 verifiers rollouts failed"):
-            await gather_verifiers_groups(env, model, tasks, group_size=2, sampling={"max_tokens": MAX_TOKENS})
-    asyncio.run(go())
+    model = await TrainableModel("vf-down").register(server.url)
+    model.server_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    tasks = list(env.taskset)[:1]
+    [group] = await gather_verifiers_groups(env, model, tasks, group_size=2, max_exceptions=1.0,
+                                            sampling={"max_tokens": MAX_TOKENS})
+    assert group.trajectories == [] and len(group.exceptions) == 2
+    assert all("art-server" in e or "Provider" in e for e in group.exceptions), group.exceptions
+    with pytest.raises(TooManyExceptions, match="2 of 2 verifiers rollouts failed"):
+        await gather_verifiers_groups(env, model, tasks, group_size=2, sampling={"max_tokens": MAX_TOKENS})
 
 
 def test_vf_eval_runs_the_environment_against_art_server(server, in_tmp):

@@ -11,7 +11,6 @@ held-out reward as it does on the torch engine.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -28,8 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from client import TrainConfig, TrainableModel, Trajectory, TrajectoryGroup
 from conftest import ServerProcess
+from tests.helpers import train_demo
 from tests.real_models import CACHE, converted, smollm2_gguf
-from tests.test_e2e_train import _train
 
 VLLM = ["--engine", "vllm", "--vllm-python", os.environ.get("ARTISAN_VLLM_PYTHON", "")]
 
@@ -173,7 +172,7 @@ def trainer_logprobs(server, model, run: str, step: int, prompt: list[int], ids:
         peft.unload()
 
 
-def test_a_trained_step_is_served_at_once_and_the_old_one_stays(smollm2, reference):
+async def test_a_trained_step_is_served_at_once_and_the_old_one_stays(smollm2, reference):
     _, model = reference
     messages = [{"role": "user", "content": "Say a word."}]
 
@@ -188,15 +187,11 @@ def test_a_trained_step_is_served_at_once_and_the_old_one_stays(smollm2, referen
         return TrajectoryGroup(trajectories=[Trajectory(messages_and_choices=[*messages, c], reward=float(i))
                                              for i, c in enumerate(resp.choices)])
 
-    async def go():
-        model_ = await TrainableModel("vllm-rl").register(smollm2.url)
-        before = greedy("vllm-rl")
-        async with model_.openai_client(max_retries=0, timeout=300) as client:
-            first = await model_.train([await sample_group(client, "vllm-rl")], TrainConfig(learning_rate=2e-3))
-            second = await model_.train([await sample_group(client, "vllm-rl")], TrainConfig(learning_rate=2e-3))
-        return before, first, second
-
-    before, first, second = asyncio.run(go())
+    run = await TrainableModel("vllm-rl").register(smollm2.url)
+    before = greedy("vllm-rl")
+    async with run.openai_client(max_retries=0, timeout=300) as client:
+        first = await run.train([await sample_group(client, "vllm-rl")], TrainConfig(learning_rate=2e-3))
+        second = await run.train([await sample_group(client, "vllm-rl")], TrainConfig(learning_rate=2e-3))
     for result in (first, second):  # on-policy at T=0.7: vLLM's logprobs are the trainer's
         m = result.metrics
         assert result.trained, result.warnings
@@ -211,12 +206,12 @@ def test_a_trained_step_is_served_at_once_and_the_old_one_stays(smollm2, referen
 
 
 def test_demo_reward_rises_on_the_vllm_engine(tmp_path):
-    """The learning test of tests/test_e2e_train.py, with vLLM sampling every rollout."""
+    """The learning test of tests/client/test_e2e_train.py, with vLLM sampling every rollout."""
     server = ServerProcess(tmp_path / "data", extra=VLLM).start(timeout=900)
     try:
         out = tmp_path / "learn"
-        proc = _train(server, out, 5, "--groups-per-step", "16", "--group-size", "8", "--eval-every", "0",
-                      "--eval-tasks", "48", "--learning-rate", "2e-3", run="vllm-learn")
+        proc = train_demo(server.url, out, 5, "--groups-per-step", "16", "--group-size", "8", "--eval-every", "0",
+                          "--eval-tasks", "48", "--learning-rate", "2e-3", run="vllm-learn")
     finally:
         server.stop()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

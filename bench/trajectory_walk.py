@@ -1,0 +1,217 @@
+"""The walk of one trajectory, from `rollout()` to the adapter that serves the step it trained.
+
+Starts art-server on the embedded model in this process (uvicorn in a thread), registers a run,
+then traces on every thread one group of demo rollouts through the client library, its training
+job (on the server's trainer thread) and one request to `run@step`: how often control enters each
+run-related module from outside that set, how many functions return inside it, and how many
+distinct functions of this repository run. `python bench/trajectory_walk.py`; one JSON line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dis
+import functools
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterable, Iterator, NamedTuple
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # the trainer and the engine share 2 cores with the client
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# The modules that hold a run's state: its registry, checkpoints, leases, pins and served steps
+# (server/runs), its rows (store/runs, store/steps), the commit of its next step, and the table
+# of served names a step is published into. A trajectory should cross into them at a few doors;
+# each further entry is one more place outside them that must know how a run works.
+RUN_RELATED = ("server.runs", "server.store.runs", "server.store.steps", "server.training.commit",
+               "server.sampling.served_names")
+GROUP_SIZE = 2  # the smallest group that can train: the walk of one trajectory and its one peer
+MAX_TOKENS = 24
+RUN = "walk"
+NO_CALLER = "(a thread's start or a library)"  # e.g. asyncio.to_thread: the stack of ours ends at the hop
+HOW = ("sys/threading.setprofile on all threads from the first rollout() to run@step's reply, frames of this "
+       "repository only (not .venv, not this script): an entry is a run-related function starting whose nearest "
+       "calling frame of ours is outside the set (or absent: a thread hop or library), run_returns counts "
+       "run-related functions leaving (return or raise, not yield), functions the distinct functions of ours run")
+
+
+class Event(NamedTuple):
+    kind: str  # "call": a function started; "return": it left
+    module: str
+    function: str  # module:qualname
+    caller: str | None = None  # a call's nearest module of ours up the stack
+
+
+def run_related(module: str | None, related: Iterable[str] = RUN_RELATED) -> bool:
+    return module is not None and any(module == r or module.startswith(r + ".") for r in related)
+
+
+def count_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED) -> dict:
+    """Entries into each run-related module from outside the set (and from where), returns inside
+    the set, and distinct functions started: pure, so the rule is tested apart from the tracing."""
+    related, entries, sources = tuple(related), Counter(), defaultdict(Counter)
+    returns, functions = 0, set()
+    for e in events:
+        inside = run_related(e.module, related)
+        if e.kind == "call":
+            functions.add(e.function)
+            if inside and not run_related(e.caller, related):
+                entries[e.module] += 1
+                sources[e.module][e.caller or NO_CALLER] += 1
+        elif inside:
+            returns += 1
+    return {"entries": dict(entries.most_common()), "max_entries": max(entries.values(), default=0),
+            "run_returns": returns, "functions": len(functions),
+            "entered_from": {m: dict(sources[m].most_common()) for m, _ in entries.most_common()}}
+
+
+@functools.cache
+def module_of(filename: str, root: Path = ROOT) -> str | None:
+    """The dotted name of a module of this repository; None for .venv, the standard library, this script."""
+    path = Path(filename)
+    if not path.is_relative_to(root) or path.suffix != ".py" or path == Path(__file__).resolve():
+        return None
+    parts = path.relative_to(root).with_suffix("").parts
+    if parts[0].startswith("."):  # .venv and other hidden trees
+        return None
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+RESUME, YIELD_VALUE = dis.opmap["RESUME"], dis.opmap["YIELD_VALUE"]
+
+
+def starts(frame) -> bool:
+    """A 'call' event that begins a function (RESUME 0), not a generator or coroutine resumed."""
+    code = frame.f_code.co_code
+    return code[frame.f_lasti] == RESUME and code[frame.f_lasti + 1] == 0
+
+
+def leaves(frame) -> bool:
+    """A 'return' event that ends a function (a return or an exception), not a yield or an await."""
+    return frame.f_code.co_code[frame.f_lasti] != YIELD_VALUE
+
+
+class Tracer:
+    """A profile hook on every thread (installed before the server starts its threads), recording
+    only while `active`: the server's start-up and the run's registration are not the walk."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.active = False
+
+    def caller(self, frame) -> str | None:
+        while frame is not None:
+            module = module_of(frame.f_code.co_filename)
+            if module is not None:
+                return module
+            frame = frame.f_back
+        return None
+
+    def profile(self, frame, event: str, arg) -> None:
+        if not self.active or event[:2] == "c_":  # a builtin's call or return: never ours
+            return
+        module = module_of(frame.f_code.co_filename)
+        if module is None:
+            return
+        function = f"{module}:{frame.f_code.co_qualname}"
+        if event == "call" and starts(frame):
+            self.events.append(Event("call", module, function, self.caller(frame.f_back)))
+        elif event == "return" and leaves(frame):
+            self.events.append(Event("return", module, function))
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["Tracer"]:
+        threading.setprofile(self.profile)
+        sys.setprofile(self.profile)
+        try:
+            yield self
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)
+            self.active = False
+
+
+@contextlib.contextmanager
+def serving(app) -> Iterator[str]:
+    """`app` served by uvicorn in a thread of this process, on a free loopback port."""
+    import uvicorn
+
+    from client.local_server import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the server stopped during start-up")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def break_tie(trajectories: list) -> list:
+    """A group whose rewards tie trains nothing, and a walk that stops short of a step measures
+    nothing: a tie is broken by hand (the demo's untrained model often fails every rollout)."""
+    if len({t.reward for t in trajectories}) > 1:
+        return trajectories
+    return [t.model_copy(update={"reward": float(i % 2)}) for i, t in enumerate(trajectories)]
+
+
+async def walk(url: str, tracer: Tracer) -> dict:
+    from client.gather import gather_trajectory_groups
+    from client.model import TrainableModel
+    from examples.demo import make_example
+    from protocol.names import policy_name
+    from protocol.trajectory import TrajectoryGroup
+    from rollouts.agent import rollout
+
+    example = make_example()
+    task = example.train_tasks(0)[0]
+    settings = replace(example.settings, max_tokens=MAX_TOKENS)
+    model = await TrainableModel(RUN).register(url)  # before the walk: a run exists before its first rollout
+    async with model.openai_client(max_retries=0) as client:
+        tracer.active = True
+        try:
+            rollouts = [rollout(client, model.name, example.make_env(task), task, replace(settings, seed=i))
+                        for i in range(GROUP_SIZE)]
+            [group] = await gather_trajectory_groups([rollouts], progress=False)
+            result = await model.train([TrajectoryGroup(trajectories=break_tie(group.trajectories))])
+            if not result.trained:
+                raise RuntimeError(f"the step did not train: {result.warnings}")
+            await client.chat.completions.create(model=policy_name(model.name, result.step), max_tokens=MAX_TOKENS,
+                                                 messages=example.make_env(task).initial_messages())
+        finally:
+            tracer.active = False
+    return {"group_size": GROUP_SIZE, "turns": sum(t.metrics["turns"] for t in group.trajectories),
+            "step": result.step}
+
+
+def main() -> None:
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-walk-") as work, Tracer().installed() as tracer:
+        from server.app import create_app
+        from server.settings import Settings
+
+        app = create_app(Settings(data_dir=Path(work) / "data", device="cpu"))
+        with serving(app) as url:
+            walked = asyncio.run(walk(url, tracer))
+    counts = count_walk(tracer.events)
+    print(json.dumps({"bench": "trajectory_walk", **counts, **walked,
+                      "seconds": round(time.perf_counter() - started, 1), "how": HOW}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""A run that gets worse, told in the line that sees it: held-out reward falling from its best, and
+entropy collapsing before the task is learned. Pure functions of the loop's figures.
+
+Runs on untuned tasks (too high a learning rate, mostly) have been seen to climb, then fall below
+their best held-out reward while entropy collapsed until every rollout of a group gave the same
+answer, and nothing said so. A fall counts when it is more than two standard errors of the
+difference between the two evaluations (each evaluation's SE: the per-task rewards' std over
+sqrt(n)), so that a noisy evaluation of a few tasks does not cry wolf.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from client.loop.report import short_float
+from protocol.names import policy_name
+
+ENTROPY_COLLAPSE_FRACTION = 0.25  # a step's entropy below this share of the run's first trained step's
+MOSTLY_SOLVED_REWARD = 0.8  # on the usual 0..1 reward: low entropy there is the task learned, not a collapse
+
+
+def stderr_of(rewards: list[float]) -> float | None:
+    """The standard error of the mean of per-task rewards (sample std / sqrt(n)); None with fewer
+    than two, when nothing can be said about the noise."""
+    n = len(rewards)
+    if n < 2:
+        return None
+    mean = sum(rewards) / n
+    return math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1) / n)
+
+
+def best_eval(evals: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation with the highest held-out reward, the earliest on ties (its step, reward and
+    stderr); None before any evaluation scored."""
+    scored = [e for e in evals if e.get("reward") is not None]
+    if not scored:
+        return None
+    best = max(scored, key=lambda e: (e["reward"], -e["step"]))
+    return {"step": best["step"], "reward": best["reward"], "stderr": best.get("stderr")}
+
+
+def held_out_decline(evals: list[dict[str, Any]], run: str, learning_rate: float | None,
+                     keep_best: bool) -> str | None:
+    """A warning when the latest evaluation fell from the best before it by more than two standard
+    errors of their difference (sqrt(se_best^2 + se_latest^2)); None otherwise, or when either
+    evaluation's SE is unknown (fewer than two tasks scored)."""
+    if not evals or evals[-1].get("reward") is None:
+        return None
+    latest, best = evals[-1], best_eval(evals[:-1])
+    if best is None or best["stderr"] is None or latest.get("stderr") is None:
+        return None
+    fall, two_se = best["reward"] - latest["reward"], 2 * math.hypot(best["stderr"], latest["stderr"])
+    if fall <= 0 or fall <= two_se:
+        return None
+    lr = f", now {short_float(learning_rate)}" if learning_rate else ""
+    serve = (f"--keep-best will serve step {best['step']} at the end unless a later step scores higher" if keep_best
+             else f"{policy_name(run, best['step'])} serves it, and --keep-best would make {run} serve it at the end")
+    return (f"held-out reward fell from {best['reward']:.3f} (step {best['step']}) to {latest['reward']:.3f} "
+            f"(step {latest['step']}), more than two standard errors ({two_se:.3f}): the policy is getting worse; "
+            f"likely too high a learning rate (--learning-rate{lr}) or a collapse onto one answer (see entropy); "
+            f"{serve}")
+
+
+def first_entropy(history: list[dict[str, Any]]) -> tuple[int, float] | None:
+    """The run's first trained step that measured entropy, and that entropy (the summary's history
+    is kept across a resume, so a resumed run compares with its own first step)."""
+    return next(((h["step"], h["entropy"]) for h in history if h.get("trained") and h.get("entropy") is not None),
+                None)
+
+
+def entropy_collapse(first: tuple[int, float] | None, step: int, entropy: float | None, reward: float | None,
+                     groups_solved: int = 0, groups_total: int = 0) -> str | None:
+    """A warning when this trained step's entropy fell below ENTROPY_COLLAPSE_FRACTION of the first
+    trained step's while the batch is not mostly solved (mean reward under MOSTLY_SOLVED_REWARD and
+    fewer than half its groups solved by every rollout): the policy stopped exploring before it
+    learned the task. None otherwise."""
+    if first is None or entropy is None or first[0] >= step or first[1] <= 0:
+        return None
+    if entropy >= ENTROPY_COLLAPSE_FRACTION * first[1]:
+        return None
+    if (reward is not None and reward >= MOSTLY_SOLVED_REWARD) or (groups_total and groups_solved * 2 >= groups_total):
+        return None
+    said = "-" if reward is None else f"{reward:.3g}"
+    return (f"entropy fell from {first[1]:.3g} to {entropy:.3g} nats per token since step {first[0]} while reward is "
+            f"{said}: the policy is collapsing onto one answer before it has learned the task; lower --learning-rate")
+
+
+def keep_best_line(run: str, best: dict[str, Any], latest: dict[str, Any]) -> str:
+    """What --keep-best did at the end of a run whose best held-out step is not its latest."""
+    return (f"--keep-best: run {run} now serves step {best['step']} (held-out {best['reward']:.3f}); step "
+            f"{latest['step']} scored {latest['reward']:.3f} (training goes on from step {latest['step']}: "
+            f"{policy_name(run, latest['step'])} serves it)")

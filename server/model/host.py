@@ -1,0 +1,279 @@
+"""The one copy of the base model, its tokenizer and chat format, and every run's LoRA adapters.
+
+Inference and training share these weights. A single lock serialises forward passes: the engine
+holds it for one decode step, the trainer for one micro-batch, so they interleave instead of
+racing on peft's adapter state. Everything model-specific (context window, stop tokens, dtype,
+LoRA target modules, chat format) is read from the model itself, not from a table of families.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import logging
+import re
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from server.chat.format import ChatFormat
+from server.model.memory import GB
+from server.model.source import resolve, served_name
+from server.settings import Settings
+
+log = logging.getLogger("artisan.model")
+BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How to read the model's chat format; None/auto: from the template itself."""
+
+    template: str | None = None  # Jinja source (`--chat-template`)
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
+    template_kwargs: dict[str, Any] | None = None
+
+
+class DeviceError(SystemExit):
+    """`--device` names a device this machine does not have."""
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+        raise DeviceError(f"--device {device}: expected auto, cpu, cuda or cuda:N")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceError("CUDA is not available on this machine; use --device cpu")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def stop_ids_of(model_dir: Path, config: Any) -> list[int]:
+    """EOS ids from the generation config (Llama 3 lists several) and the model config."""
+    ids: list[Any] = []
+    try:
+        ids.append(GenerationConfig.from_pretrained(model_dir).eos_token_id)
+    except OSError:
+        pass
+    ids.append(getattr(config, "eos_token_id", None))
+    flat = [i for x in ids for i in (x if isinstance(x, list) else [x])]
+    return sorted({i for i in flat if isinstance(i, int) and i >= 0})
+
+
+def lora_targets(model: torch.nn.Module) -> list[str]:
+    """Every linear layer inside the decoder blocks, by leaf name (q_proj ... down_proj for
+    Llama, Qwen, Mistral and Gemma): what `all-linear` means for this architecture."""
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and re.search(r"\.layers\.\d+\.", name):
+            names.add(name.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def linear_modules(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """In and out features of each linear layer in the decoder blocks, by module path (what a LoRA
+    checkpoint's keys name; read before any adapter wraps them)."""
+    return {name: (m.in_features, m.out_features) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and re.search(r"\.layers\.\d+\.", name)}
+
+
+def base_fingerprint(model: torch.nn.Module, config: Any) -> str:
+    """What a run's checkpoints depend on: the architecture and every parameter's name and shape.
+    No weight is read, so it costs nothing and stays the same across devices, dtypes, paths and a
+    GGUF's conversion of the same model; two models that differ in any shape differ here."""
+    h = hashlib.sha256(str(getattr(config, "model_type", "")).encode())
+    for name, p in model.named_parameters():
+        h.update(f";{name}:{tuple(p.shape)}".encode())
+    return h.hexdigest()[:16]
+
+
+def linear_shapes(model: torch.nn.Module) -> list[tuple[str, int, int]]:
+    """Leaf name, in and out features of each linear layer in the decoder blocks (read before any
+    adapter wraps them)."""
+    return [(name.rsplit(".", 1)[-1], m.in_features, m.out_features) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and re.search(r"\.layers\.\d+\.", name)]
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes the device can still allocate: free GPU memory, or the system's MemAvailable."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def context_window(config: Any) -> int:
+    """The longest sequence the model takes: prompt and completion, as both engines bound them."""
+    return int(getattr(config, "max_position_embeddings", None) or 4096)
+
+
+class ModelHost:
+    def __init__(self, model_dir: str | Path, device: str = "auto", dtype: str = "auto", name: str | None = None,
+                 chat: ChatOptions = ChatOptions(), aliases: tuple[str, ...] = ()):
+        self.model_dir = Path(model_dir)
+        self.device = pick_device(device)
+        self.dtype = pick_dtype(dtype, self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
+        model.to(self.device).eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.base_model = model
+        self.model: Any = model  # becomes a PeftModel when the first adapter is added
+        self.config = model.config
+        card = _model_card(self.model_dir)
+        own_name = _model_name(self.model_dir, card)
+        self.name = name or own_name
+        # a learning rate measured for this model (server/training/hyperparams.py), None for most
+        self.measured_learning_rate: float | None = card.get("learning_rate")
+        self.aliases = {self.name, str(self.model_dir), own_name, *aliases,
+                        *([self.config.name_or_path] if getattr(self.config, "name_or_path", None) else [])}
+        self.chat = ChatFormat.build(self.tokenizer, chat.template, chat.tool_call_parser, chat.reasoning_parser,
+                                     stop_ids_of(self.model_dir, self.config), chat.template_kwargs)
+        self.lock = threading.RLock()
+        self.context_window = context_window(self.config)
+        self.lora_targets = lora_targets(model)
+        self.linear_shapes = linear_shapes(model)
+        self.linear_modules = linear_modules(model)
+        self.fingerprint = self._fingerprint()
+        self.base_fingerprint = base_fingerprint(model, self.config)  # which runs are this model's
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.gradient_checkpointing = False
+        self.memory_budget: int | None = None  # bytes training may take the process to (None: what the machine has)
+
+    @property
+    def vocab_size(self) -> int:
+        return max(len(self.tokenizer), int(getattr(self.config, "vocab_size", 0) or 0))
+
+    def _fingerprint(self) -> str:
+        """Identifies base weights + tokenizer, so a choice sampled from another model is refused."""
+        h = hashlib.sha256()
+        h.update(json.dumps(self.tokenizer.get_vocab(), sort_keys=True).encode())
+        h.update(json.dumps(self.config.to_dict(), sort_keys=True, default=str).encode())
+        emb = self.base_model.get_input_embeddings().weight
+        h.update(emb[: min(8, emb.shape[0])].float().cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    # ---- adapters (call with `lock` held) ------------------------------------------------------
+    @property
+    def has_adapters(self) -> bool:
+        return self.model is not self.base_model and bool(self.model.peft_config)
+
+    def add_adapter(self, adapter: str, lora_config: Any, state: dict[str, torch.Tensor] | None = None) -> None:
+        from peft import PeftModel, get_peft_model, set_peft_model_state_dict
+
+        if not isinstance(self.model, PeftModel):
+            self.model = get_peft_model(self.base_model, lora_config, adapter_name=adapter)
+            self.model.eval()  # peft refuses mixed-adapter batches in training mode; no dropout anyway
+        else:
+            self.model.add_adapter(adapter, lora_config)
+            if self.model.active_adapter not in self.model.peft_config:  # the last one was deleted
+                self.model.set_adapter(adapter)
+        if state is not None:
+            set_peft_model_state_dict(self.model, state, adapter_name=adapter)
+        for p in self.adapter_params(adapter):
+            p.requires_grad_(False)
+
+    def load_adapter_state(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(self.model, state, adapter_name=adapter)
+
+    def adapter_state(self, adapter: str) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=adapter).items()}
+
+    def delete_adapter(self, adapter: str) -> None:
+        if self.has_adapters and adapter in self.model.peft_config:
+            self.model.delete_adapter(adapter)
+
+    def adapter_params(self, adapter: str) -> list[torch.nn.Parameter]:
+        return [p for n, p in self.model.named_parameters() if f".{adapter}." in n and "lora_" in n]
+
+    # ---- forward (call with `lock` held) -------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, adapters: list[str | None], **kwargs) -> Any:
+        """A forward pass where each row uses its own adapter (None = base)."""
+        if not self.has_adapters:
+            # Not through peft once its last adapter is deleted: it still names that one active, and
+            # fails; the wrapped layers without an adapter are the base model's.
+            return self.base_model(input_ids=input_ids, **kwargs)
+        names = [a if a is not None else BASE for a in adapters]
+        return self.model(input_ids=input_ids, adapter_names=names, **kwargs)
+
+    @contextmanager
+    def training_forward(self) -> Iterator[None]:
+        """A trainer forward pass. Gradient checkpointing, when asked for, only runs in train mode,
+        so the model switches mode for the pass (nothing in it drops out)."""
+        if not self.gradient_checkpointing:
+            yield
+            return
+        self.base_model.train()
+        try:
+            yield
+        finally:
+            self.base_model.eval()
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.gradient_checkpointing = True
+
+
+def _model_card(model_dir: Path) -> dict[str, Any]:
+    """artisan.json: what artisan knows of a model it built (its name, a learning rate measured for it)."""
+    meta = model_dir / "artisan.json"
+    return json.loads(meta.read_text()) if meta.exists() else {}
+
+
+def _model_name(model_dir: Path, card: dict[str, Any]) -> str:
+    return card.get("name") or re.sub(r"[^A-Za-z0-9._-]", "-", model_dir.name)
+
+
+def load_model(settings: Settings) -> ModelHost:
+    model_dir = resolve(settings.model, settings.cache_dir / "models")
+    template = settings.chat_template.read_text() if settings.chat_template else None
+    chat = ChatOptions(template, settings.tool_call_parser, settings.reasoning_parser, settings.chat_template_kwargs)
+    names = settings.served_model_name
+    host = ModelHost(model_dir, device=settings.device, dtype=settings.dtype,
+                     name=names[0] if names else served_name(settings.model), chat=chat,
+                     aliases=(settings.model, *names))
+    if settings.gradient_checkpointing:
+        host.enable_gradient_checkpointing()
+    if settings.memory_budget is not None:
+        host.memory_budget = int(settings.memory_budget * GB)
+    _warn_unrendered_tools(host, settings)
+    return host
+
+
+def _warn_unrendered_tools(host: ModelHost, settings: Settings) -> None:
+    if host.chat.template.renders_tools:
+        return
+    if settings.allow_unrendered_tools:
+        log.warning("%s's chat template does not render tools; --allow-unrendered-tools: requests with tools are "
+                    "served and the model never sees them", host.name)
+    else:
+        log.warning("%s's chat template does not render tools: requests with tools get a 400; pass --chat-template "
+                    "FILE (a template that renders tools), or --allow-unrendered-tools", host.name)

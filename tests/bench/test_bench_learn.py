@@ -1,0 +1,154 @@
+"""bench/learn.py's pieces that decide its figures: the task both trainers see, and how two
+learning curves are compared. (The benchmark itself is run with `make bench-learn`.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from examples import reasoning_gym as learn_task
+
+pytestmark = pytest.mark.unit
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+
+
+def test_the_fewshot_prompt_puts_solved_questions_of_the_same_dataset_before_the_question():
+    [row] = learn_task.rows("chain_sum", 1, learn_task.EVAL_SEED)
+    msgs = learn_task.messages(row, "fewshot")
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[-1]["content"] == row["question"]
+    shots = learn_task.rows("chain_sum", learn_task.FEWSHOT_N, learn_task.FEWSHOT_SEED)
+    assert [msgs[2]["content"], msgs[4]["content"]] == [str(s["answer"]) for s in shots]
+    assert learn_task.messages(row, "fewshot") == msgs  # every prompt of a run is the same
+
+
+def test_train_and_held_out_rows_are_other_questions():
+    train = {r["question"] for r in learn_task.rows("chain_sum", 64, learn_task.TRAIN_SEED)}
+    held_out = [r["question"] for r in learn_task.rows("chain_sum", 64, learn_task.EVAL_SEED)]
+    assert len(train & set(held_out)) < len(held_out)  # one-digit sums repeat; the sets are not the same draw
+
+
+def test_the_reward_is_reasoning_gyms_score_of_the_bare_or_tagged_answer():
+    [row] = learn_task.rows("chain_sum", 1, 0)
+    answer = str(row["answer"])
+    assert learn_task.score(answer, row) == 1.0
+    assert learn_task.score(f" {answer}\n", row) == 1.0
+    assert learn_task.score(f"I think <answer>{answer}</answer>", row) == 1.0
+    assert learn_task.score(f"The answer is {answer}.", row) < 1.0
+    assert learn_task.score(None, row) == 0.0
+
+
+def test_time_ratio_compares_seconds_to_reach_trls_final_accuracy():
+    learn = _load("learn")
+    trl = [[0.0, 0, 0.2], [10.0, 5, 0.3], [20.0, 10, 0.5]]
+    artisan = [[0.0, 0, 0.2], [4.0, 5, 0.5], [8.0, 10, 0.6]]
+    out = learn.compare(artisan, trl)
+    assert out["time_ratio_to_trl_final"] == pytest.approx(0.2)  # 4 s vs 20 s to reach 0.5
+    assert out["time_ratio_per_step"] == pytest.approx(0.4)
+    assert learn.compare([[0.0, 0, 0.2], [8.0, 10, 0.3]], trl)["time_ratio_to_trl_final"] is None  # never reached
+    flat = [[0.0, 0, 0.2], [20.0, 10, 0.2]]
+    assert learn.compare(artisan, flat)["time_ratio_to_trl_final"] is None  # TRL learned nothing: nothing to time
+
+
+# ---- bench/learn_sweep.py's aggregation -----------------------------------------------------------
+
+def test_mean_and_standard_error_over_seeds():
+    sweep = _load("learn_sweep")
+    out = sweep.mean_se([0.2, 0.4, 0.6])
+    assert out["mean"] == pytest.approx(0.4) and out["n"] == 3
+    assert out["se"] == pytest.approx(0.2 / 3 ** 0.5, abs=1e-4)  # sample std 0.2 over sqrt 3
+    assert sweep.mean_se([0.3])["se"] is None  # one seed measures no spread
+    assert sweep.mean_se([]) == {"mean": None, "se": None, "n": 0}
+
+
+def test_rise_and_the_verdicts_on_it():
+    sweep = _load("learn_sweep")
+    assert sweep.rise(0.1, 0.35) == pytest.approx(0.25)
+    assert sweep.ends_below_base(sweep.rise(0.3, 0.25)) and not sweep.ends_below_base(0.0)
+    assert sweep.rises_by(sweep.rise(0.2, 0.3)) and not sweep.rises_by(0.0999)  # 0.10 exactly counts
+
+
+def test_artisan_at_least_trl_within_noise():
+    sweep = _load("learn_sweep")
+    trl = {"mean": 0.20, "se": 0.03}
+    assert sweep.at_least_within_noise({"mean": 0.25, "se": 0.04}, trl)  # above
+    assert sweep.at_least_within_noise({"mean": 0.12, "se": 0.03}, trl)  # 0.08 below; 2 SE of the gap is 0.085
+    assert not sweep.at_least_within_noise({"mean": 0.10, "se": 0.02}, trl)  # 0.10 below, 2 SE is 0.072
+    assert sweep.at_least_within_noise({"mean": 0.5, "se": None}, trl) is None  # one seed: no noise to judge by
+
+
+def _entry(task, trainer, seed, base, final):
+    return {"task": task, "trainer": trainer, "seed": seed, "base": base, "final": final, "seconds_per_step": 1.0,
+            "curve": [[0.0, 0, base], [1.0, 2, (base + final) / 2], [2.0, 4, final]]}
+
+
+def test_summary_per_task_and_trainer_over_seeds():
+    sweep = _load("learn_sweep")
+    entries = [_entry("leg_counting", "artisan", s, 0.1, f) for s, f in enumerate([0.3, 0.4, 0.35])]
+    entries += [_entry("leg_counting", "trl", s, 0.1, f) for s, f in enumerate([0.05, 0.1, 0.0])]
+    out = sweep.summarize(entries)["leg_counting"]
+    assert out["family"] == "counting"
+    art, trl = out["artisan"], out["trl"]
+    assert art["base"]["mean"] == pytest.approx(0.1) and art["base"]["se"] == 0.0
+    assert art["final"]["mean"] == pytest.approx(0.35) and art["rise"]["mean"] == pytest.approx(0.25)
+    assert art["rises_by_0.10"] and not art["ends_below_base"]
+    assert trl["ends_below_base"] and not trl["rises_by_0.10"]  # 0.05 on average: below its 0.1 start
+    assert art["seeds"]["1"] == {"base": 0.1, "final": 0.4, "rise": pytest.approx(0.3), "seconds_per_step": 1.0}
+    assert out["artisan_at_least_trl_within_noise"] is True
+    assert "artisan_at_least_trl_within_noise" not in sweep.summarize(entries[:3])["leg_counting"]  # one trainer
+
+
+def test_a_rise_to_the_constant_answers_accuracy_is_named_as_no_evidence():
+    """syllogism went 0.297 -> 0.703 in 4 steps: 45 of its 64 held-out answers are "Yes"."""
+    sweep = _load("learn_sweep")
+    assert sweep.constant_answer(["Yes"] * 45 + ["No"] * 19) == {"answer": "Yes", "share": 0.7031}
+    assert sweep.constant_answer([]) == {"answer": None, "share": None}
+    entries = [{**_entry("syllogism", "artisan", s, 0.297, 0.703), "constant_answer": {"answer": "Yes", "share": 0.7031}}
+               for s in range(2)]
+    out = sweep.summarize(entries)["syllogism"]
+    assert out["constant_answer"]["answer"] == "Yes"
+    assert out["artisan"]["rises_by_0.10"] and out["artisan"]["no_better_than_constant_answer"] is True
+    assert sweep.no_better_than_constant(0.75, 0.7031) is False and sweep.no_better_than_constant(0.5, None) is None
+
+
+def test_mean_curve_averages_the_seeds_at_each_step():
+    sweep = _load("learn_sweep")
+    curve = sweep.mean_curve([[[0.0, 0, 0.1], [5.0, 4, 0.3]], [[0.0, 0, 0.1], [6.0, 4, 0.5]]])
+    assert [p[:2] for p in curve] == [[0, 0.1], [4, 0.4]]
+    assert curve[0][2] == 0.0 and curve[1][2] == pytest.approx(0.1)
+
+
+def test_a_rerun_skips_the_runs_the_results_file_holds():
+    sweep = _load("learn_sweep")
+    configs = {"leg_counting": {"steps": 16}, "syllogism": {"steps": 16}}
+    done = {sweep.run_key("smollm2", {"steps": 16}, "leg_counting", 0, "artisan"),
+            sweep.run_key("smollm2", {"steps": 2}, "leg_counting", 1, "artisan"),  # other settings: not this run
+            sweep.run_key("gemma3", {"steps": 16}, "syllogism", 0, "trl")}  # another model
+    assert sweep.pending(done, "smollm2", configs, [0, 1], ["artisan", "trl"]) == [
+        ("leg_counting", 0, "trl"), ("leg_counting", 1, "artisan"), ("leg_counting", 1, "trl"),
+        ("syllogism", 0, "artisan"), ("syllogism", 0, "trl"), ("syllogism", 1, "artisan"), ("syllogism", 1, "trl")]
+
+
+def test_the_sweeps_tasks_have_settings_and_cover_at_least_three_families():
+    sweep = _load("learn_sweep")
+    assert set(sweep.FAMILIES) <= set(learn_task.SETTINGS) and len(sweep.FAMILIES) >= 6
+    assert len(set(sweep.FAMILIES.values())) >= 3
+    for task in sweep.FAMILIES:
+        assert len(learn_task.rows(task, 2, learn_task.TRAIN_SEED)) == 2

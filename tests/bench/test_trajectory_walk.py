@@ -1,0 +1,107 @@
+"""bench/trajectory_walk.py's counting rule: entries into run-related modules from outside them,
+returns inside them, distinct functions of ours; first on a planted call graph, then on real calls."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import threading
+
+import pytest
+
+from client.local_server import ROOT
+
+pytestmark = pytest.mark.unit
+
+spec = importlib.util.spec_from_file_location("bench_trajectory_walk", ROOT / "bench" / "trajectory_walk.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+Event = bench.Event
+
+
+def call(function: str, caller: str | None) -> Event:
+    return Event("call", function.partition(":")[0], function, caller)
+
+
+def ret(function: str) -> Event:
+    return Event("return", function.partition(":")[0], function)
+
+
+def test_an_entry_is_a_call_into_the_set_from_outside_it_and_returns_count_inside_it():
+    # A route asks the runs facade, which asks the registry (inside: no entry), then the trainer
+    # commits a step that writes its rows (inside) and its trajectories (outside), and the
+    # trajectories' store reads the run's rows back (an entry from outside again).
+    events = [
+        call("server.api.routes:create", None),
+        call("server.runs.facade:Runs.get", "server.api.routes"),
+        call("server.runs.registry:RunRegistry.get", "server.runs.facade"),
+        ret("server.runs.registry:RunRegistry.get"),
+        ret("server.runs.facade:Runs.get"),
+        call("server.runs.facade:Runs.get", "server.api.routes"),
+        ret("server.runs.facade:Runs.get"),
+        ret("server.api.routes:create"),
+        call("server.training.commit:commit_step", "server.training.jobs"),
+        call("server.store.steps:Steps.put", "server.training.commit"),
+        ret("server.store.steps:Steps.put"),
+        call("server.store.trajectories:rows", "server.training.commit"),
+        call("server.store.runs:Runs.row", "server.store.trajectories"),
+        ret("server.store.runs:Runs.row"),
+        ret("server.store.trajectories:rows"),
+        ret("server.training.commit:commit_step"),
+        call("server.runs.facade:Runs.resolve", None),  # asyncio.to_thread: no caller of ours on its stack
+        ret("server.runs.facade:Runs.resolve"),
+        call("server.store.runsheet:load", "server.api.routes"),  # a name that only starts like one
+    ]
+    counts = bench.count_walk(events)
+    assert counts["entries"] == {"server.runs.facade": 3, "server.training.commit": 1, "server.store.runs": 1}
+    assert counts["entered_from"]["server.runs.facade"] == {"server.api.routes": 2, bench.NO_CALLER: 1}
+    assert counts["entered_from"]["server.store.runs"] == {"server.store.trajectories": 1}
+    assert counts["max_entries"] == 3
+    assert counts["run_returns"] == 7
+    assert counts["functions"] == 9
+
+
+def test_real_calls_into_served_names_count_from_the_nearest_caller_of_ours_or_from_a_thread():
+    from server.sampling.served_names import ServedModels
+
+    tracer = bench.Tracer()
+    with tracer.installed():  # before the thread starts, as the bench installs it before the server's threads
+        tracer.active = True
+        served = ServedModels("base", set())
+        served.publish("run", 1, "adapter-1", latest=True)  # calls protocol.names.policy_name: outside, no entry
+        with contextlib.ExitStack() as stack:  # contextlib's frames between the test and the call: still the test's
+            stack.callback(served.resolve, "run")
+        worker = threading.Thread(target=served.resolve, args=("run@1",))
+        worker.start()
+        worker.join()
+    counts = bench.count_walk(tracer.events)
+    assert counts["entries"] == {"server.sampling.served_names": 4}
+    assert counts["entered_from"]["server.sampling.served_names"] == {"tests.bench.test_trajectory_walk": 3,
+                                                                      bench.NO_CALLER: 1}
+    assert counts["run_returns"] == 4  # __init__, publish, resolve twice; policy_name's returns are outside
+    assert {e.function for e in tracer.events} == {
+        "server.sampling.served_names:ServedModels.__init__", "server.sampling.served_names:ServedModels.publish",
+        "server.sampling.served_names:ServedModels.resolve", "protocol.names:policy_name"}
+
+
+def counting_up():
+    yield 1
+    yield 2
+
+
+def test_a_generator_starts_and_returns_once_however_often_it_yields():
+    tracer = bench.Tracer()
+    with tracer.installed():
+        tracer.active = True
+        assert list(counting_up()) == [1, 2]
+        tracer.active = False
+    assert [e.kind for e in tracer.events if e.function.endswith(":counting_up")] == ["call", "return"]
+
+
+def test_only_this_repositorys_files_outside_hidden_trees_are_ours():
+    assert bench.module_of(str(ROOT / "server" / "runs" / "facade.py")) == "server.runs.facade"
+    assert bench.module_of(str(ROOT / "server" / "runs" / "__init__.py")) == "server.runs"
+    assert bench.module_of(str(ROOT / ".venv" / "lib" / "httpx" / "_client.py")) is None
+    assert bench.module_of(str(ROOT / "bench" / "trajectory_walk.py")) is None  # the harness is not the walk
+    assert bench.module_of("/usr/lib/python3.11/threading.py") is None
+    assert bench.module_of("<string>") is None

@@ -1,0 +1,108 @@
+"""A run that gets worse is named in the line that sees it (client/loop/decline.py): held-out reward
+falling from its best by more than two standard errors, entropy collapsing before the task is
+learned; and the best evaluated step, in summary.json and the web UI's run API."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from client.loop.decline import (best_eval, entropy_collapse, first_entropy, held_out_decline, keep_best_line,
+                            stderr_of)
+from client.loop.summary import Summary
+from server.api.ui_routes import best_held_out
+
+pytestmark = pytest.mark.unit
+
+
+def _eval(step: int, reward: float | None, stderr: float | None = 0.03) -> dict:
+    return {"step": step, "reward": reward, "stderr": stderr}
+
+
+def test_the_standard_error_is_the_sample_std_over_root_n():
+    assert stderr_of([0.0, 1.0, 0.0, 1.0]) == pytest.approx(math.sqrt(1 / 3) / 2)
+    assert stderr_of([0.5] * 10) == 0.0
+    assert stderr_of([1.0]) is None and stderr_of([]) is None  # one task says nothing of the noise
+
+
+def test_the_best_evaluation_is_the_highest_and_the_earliest_on_ties():
+    evals = [_eval(0, 0.1), _eval(4, 0.4), _eval(8, 0.4), _eval(12, None), _eval(16, 0.2)]
+    assert best_eval(evals) == {"step": 4, "reward": 0.4, "stderr": 0.03}
+    assert best_eval([_eval(0, None)]) is None and best_eval([]) is None
+
+
+def test_a_fall_of_more_than_two_standard_errors_from_the_best_is_named_with_what_to_change():
+    evals = [_eval(0, 0.2, 0.03), _eval(8, 0.398, 0.022), _eval(10, 0.30, 0.03), _eval(12, 0.133, 0.021)]
+    said = held_out_decline(evals, "legs", 4.9e-4, keep_best=False)
+    two_se = 2 * math.hypot(0.022, 0.021)
+    assert said == (f"held-out reward fell from 0.398 (step 8) to 0.133 (step 12), more than two standard errors "
+                    f"({two_se:.3f}): the policy is getting worse; likely too high a learning rate (--learning-rate, "
+                    f"now 4.9e-4) or a collapse onto one answer (see entropy); legs@8 serves it, and --keep-best "
+                    f"would make legs serve it at the end")
+    assert "--keep-best will serve step 8" in held_out_decline(evals, "legs", 4.9e-4, keep_best=True)
+
+
+def test_a_fall_within_the_noise_a_rise_or_an_unknown_noise_is_not_a_decline():
+    # 0.40 -> 0.30 with SEs of 0.05: 0.1 < 2 * 0.0707
+    assert held_out_decline([_eval(0, 0.4, 0.05), _eval(4, 0.3, 0.05)], "r", None, False) is None
+    assert held_out_decline([_eval(0, 0.4, 0.05), _eval(4, 0.6, 0.05)], "r", None, False) is None
+    assert held_out_decline([_eval(0, 0.9, None), _eval(4, 0.1, 0.05)], "r", None, False) is None
+    assert held_out_decline([_eval(0, 0.9, 0.01), _eval(4, None, None)], "r", None, False) is None
+    assert held_out_decline([_eval(0, 0.9, 0.01)], "r", None, False) is None  # nothing to compare with
+    # compared with the best so far, not the previous evaluation: a slow slide is caught
+    slide = [_eval(0, 0.5, 0.02), _eval(2, 0.45, 0.02), _eval(4, 0.40, 0.02)]
+    assert "from 0.500 (step 0) to 0.400 (step 4)" in held_out_decline(slide, "r", None, False)
+    # two certain evaluations (every task the same reward): any fall is real
+    assert "(0.000)" in held_out_decline([_eval(0, 1.0, 0.0), _eval(2, 0.0, 0.0)], "r", None, False)
+    # without a learning rate to quote, the flag alone
+    assert "(--learning-rate)" in held_out_decline(slide, "r", None, False)
+
+
+def test_entropy_collapse_is_named_before_the_task_is_learned():
+    first = (1, 2.33)
+    said = entropy_collapse(first, 9, 0.13, 0.4, groups_solved=1, groups_total=8)
+    assert said == ("entropy fell from 2.33 to 0.13 nats per token since step 1 while reward is 0.4: the policy is "
+                    "collapsing onto one answer before it has learned the task; lower --learning-rate")
+    assert entropy_collapse(first, 9, 0.6, 0.4) is None  # above a quarter of the first step's
+    assert entropy_collapse(first, 9, 0.13, 0.9) is None  # mostly solved: confidence is the point
+    assert entropy_collapse(first, 9, 0.13, 0.5, groups_solved=4, groups_total=8) is None  # half solved by all
+    assert entropy_collapse(first, 1, 0.13, 0.4) is None  # the first step itself
+    assert entropy_collapse(None, 9, 0.13, 0.4) is None and entropy_collapse(first, 9, None, 0.4) is None
+    assert entropy_collapse((1, 0.0), 9, 0.0, 0.4) is None  # no entropy to fall from
+
+
+def test_the_first_entropy_is_the_first_trained_steps_and_survives_a_resume(tmp_path):
+    history = [{"step": 0, "trained": False, "entropy": None}, {"step": 1, "trained": True, "entropy": 2.5},
+               {"step": 2, "trained": True, "entropy": 1.0}, {"step": 3, "trained": True, "entropy": 0.2}]
+    assert first_entropy(history) == (1, 2.5)
+    assert first_entropy([{"step": 1, "trained": True}, {"step": 2, "trained": True, "entropy": 1.0}]) == (2, 1.0)
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"run": "r", "evals": [_eval(0, 0.1)], "history": history}))
+    resumed = Summary(path, "r", resumed_at=2)  # the restarted client reads the run's first step back
+    assert first_entropy(resumed.history) == (1, 2.5)
+    assert entropy_collapse(first_entropy(resumed.history), 3, 0.2, 0.3) is not None
+
+
+def test_summary_names_the_best_step_and_each_evaluations_stderr(tmp_path):
+    summary = Summary(tmp_path / "summary.json", "r", resumed_at=0)
+    summary.evals += [_eval(0, 0.2, 0.05), _eval(4, 0.6, 0.04), _eval(8, 0.6, 0.03), _eval(12, 0.3, 0.05)]
+    written = json.loads(json.dumps(summary.write()))
+    assert written["best_step"] == {"step": 4, "reward": 0.6, "stderr": 0.04}
+    assert [e["stderr"] for e in written["evals"]] == [0.05, 0.04, 0.03, 0.05]
+    assert json.loads((tmp_path / "summary.json").read_text())["best_step"]["step"] == 4
+    assert "keep_best" not in written
+
+
+def test_keep_best_says_what_serves_and_what_the_latest_scored():
+    line = keep_best_line("legs", {"step": 8, "reward": 0.398}, {"step": 16, "reward": 0.312})
+    assert line.startswith("--keep-best: run legs now serves step 8 (held-out 0.398); step 16 scored 0.312")
+    assert "legs@16" in line
+
+
+def test_the_ui_names_the_best_held_out_step_earliest_on_ties():
+    points = [{"step": 0, "n": 8, "reward_mean": 0.25}, {"step": 2, "n": 8, "reward_mean": 0.5},
+              {"step": 4, "n": 8, "reward_mean": 0.5}, {"step": 6, "n": 8, "reward_mean": None}]
+    assert best_held_out(points) == {"step": 2, "reward": 0.5, "n": 8}
+    assert best_held_out([]) is None

@@ -1,0 +1,194 @@
+"""The Responses and Messages routes and recorded sessions over HTTP, on the embedded model: bad
+items and blocks get a 400 naming the field, previous_response_id continues a conversation with
+the sampled ids spliced, sessions belong to the key that opened them, are bounded and expire, and
+the new routes take whatever their OpenAPI schema generates without a 5xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+
+from client import TrainConfig, TrainableModel
+from server.harness.sessions import SessionError, Sessions
+
+KEYS = ("key-one", "key-two")
+TOOL = {"type": "function", "name": "lookup", "description": "Look an item up.",
+        "parameters": {"type": "object", "properties": {"item": {"type": "string", "maxLength": 8}},
+                       "required": ["item"], "additionalProperties": False}}
+
+
+@pytest.fixture(scope="module")
+def srv(fresh_server_module):
+    return fresh_server_module(api_key=",".join(KEYS))
+
+
+@pytest.fixture(scope="module")
+def http(srv):
+    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEYS[0]}"}, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def model_name(srv):
+    return asyncio.run(TrainableModel("harness-http").register(srv.url, api_key=KEYS[0])).name
+
+
+def _error(r: httpx.Response, status: int = 400) -> dict:
+    assert r.status_code == status, r.text
+    return r.json()["error"]
+
+
+BAD_MESSAGES = [  # (messages, the field the 400 must name)
+    ([{"role": "user", "content": [{"type": "tool_use", "id": "t1", "name": "lookup"}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "x"}]}], "messages[1].content[0]"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"item": "a"}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "x"}]}],
+     "messages[2].content[0]"),
+    ([{"role": "user", "content": [{"type": "image", "source": {}}]}], "messages[0].content[0]"),
+    ([{"role": "robot", "content": "hi"}], "messages[0].role"),
+]
+
+
+@pytest.mark.parametrize("messages,field", BAD_MESSAGES)
+def test_malformed_blocks_get_a_400_naming_the_field(http, model_name, messages, field):
+    r = http.post("/v1/messages", json={"model": model_name, "max_tokens": 4, "messages": messages})
+    err = _error(r)
+    assert r.json()["type"] == "error"  # Anthropic's clients read this shape
+    assert err["message"].startswith(field) and (err["param"] or "").startswith(field), err
+    ok = http.post("/v1/messages", json={"model": model_name, "max_tokens": 2, "messages": [
+        {"role": "user", "content": "hi"}]})
+    assert ok.status_code == 200 and ok.json()["content"][0]["type"] == "text"  # and the server serves on
+
+
+BAD_ITEMS = [
+    ([{"role": "user", "content": "hi"}, {"type": "function_call", "name": "lookup", "arguments": "{}"}],
+     "input[1]"),
+    ([{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "c1", "output": "x"}],
+     "input[1]"),
+    ([{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}], "input[0]"),
+    ([{"type": "web_search_call", "id": "w"}], "input[0]"),
+]
+
+
+@pytest.mark.parametrize("items,field", BAD_ITEMS)
+def test_malformed_items_get_a_400_naming_the_field(http, model_name, items, field):
+    err = _error(http.post("/v1/responses", json={"model": model_name, "input": items, "max_output_tokens": 4}))
+    assert err["message"].startswith(field) and (err["param"] or "").startswith(field), err
+
+
+def test_refused_parameters_are_named(http, model_name):
+    base = {"model": model_name, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    assert _error(http.post("/v1/messages", json={**base, "top_k": 5}))["param"] == "top_k"
+    err = _error(http.post("/v1/messages", json={**base, "tool_choice": {"type": "tool", "name": "lookup"}}))
+    assert "tool_choice names 'lookup'" in err["message"]
+    err = _error(http.post("/v1/responses", json={"model": model_name, "input": "hi", "previous_response_id": "resp_x"}))
+    assert err["param"] == "previous_response_id"
+
+
+def test_previous_response_id_continues_with_the_sampled_ids(srv, http, model_name):
+    first = http.post("/v1/responses", json={"model": model_name, "input": "What does a hat cost?", "tools": [TOOL],
+                                             "tool_choice": "required", "max_output_tokens": 60, "seed": 3}).json()
+    [call] = [o for o in first["output"] if o["type"] == "function_call"]
+    second = http.post("/v1/responses", json={
+        "model": model_name, "previous_response_id": first["id"], "tools": [TOOL], "max_output_tokens": 4,
+        "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "12"}]})
+    assert second.status_code == 200, second.text
+    prompt, ids = first["prompt_token_ids"], first["token_ids"]
+    assert second.json()["prompt_token_ids"][: len(prompt) + len(ids)] == prompt + ids
+    other = httpx.post(f"{srv.url}/v1/responses", headers={"x-api-key": KEYS[1]}, timeout=60, json={
+        "model": model_name, "previous_response_id": first["id"], "input": "more"})
+    assert _error(other)["param"] == "previous_response_id"  # another key's response is not there for it
+
+
+def test_a_session_belongs_to_its_key_and_trains_from_what_was_recorded(srv, http, model_name):
+    body = {"model": model_name, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    for seed, sid in enumerate(("owned-a", "owned-b")):
+        r = httpx.post(f"{srv.url}/v1/sessions/{sid}/messages", headers={"x-api-key": KEYS[0]},
+                       json={**body, "seed": seed}, timeout=60)
+        assert r.status_code == 200, r.text
+    assert http.get("/v1/sessions/owned-a").json()["exchanges"] == 1
+    thief = {"Authorization": f"Bearer {KEYS[1]}"}
+    r = httpx.post(f"{srv.url}/v1/sessions/owned-a/chat/completions", headers=thief, timeout=60, json=body)
+    assert _error(r, 403)["param"] == "session_id"
+    assert httpx.get(f"{srv.url}/v1/sessions/owned-a", headers=thief).status_code == 403
+    jobs = {"groups": [{"sessions": [{"session_id": "owned-a", "reward": 0}, {"session_id": "owned-b", "reward": 1}]}]}
+    r = httpx.post(f"{srv.url}/v1/runs/{model_name}/session-jobs", headers=thief, json=jobs, timeout=60)
+    assert _error(r, 403)["param"] == "groups[0].sessions[0].session_id"
+    r = http.post(f"/v1/runs/{model_name}/session-jobs", json={"groups": [{"sessions": [
+        {"session_id": "never-used", "reward": 0}]}]})
+    assert _error(r, 404)["param"] == "groups[0].sessions[0].session_id"
+
+    async def train():
+        model = await TrainableModel(model_name).register(srv.url, api_key=KEYS[0])
+        return await model.train_sessions([[("owned-a", 0.0), ("owned-b", 1.0)]], TrainConfig(learning_rate=1e-3))
+    m = asyncio.run(train()).metrics
+    assert m.trained_choices == m.choices == 2 and m.prompt_mismatches == 0
+
+
+def test_sessions_are_bounded_and_expire():
+    now = [0.0]
+    sessions = Sessions(ttl=10, max_sessions=2, max_exchanges=2, clock=lambda: now[0])
+    choice = {"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop", "token_ids": [1],
+              "sampling": {"prompt_len": 3}}
+    for _ in range(2):
+        sessions.recorder(sessions.open("a", "k"))([{"role": "user", "content": "hi"}], None, choice)
+    with pytest.raises(SessionError) as full:
+        sessions.open("a", "k")
+    assert full.value.status == 409 and "full" in full.value.message
+    sessions.open("b", "k")
+    with pytest.raises(SessionError) as many:
+        sessions.open("c", "k")
+    assert many.value.status == 429
+    with pytest.raises(SessionError) as theirs:
+        sessions.open("b", "someone else")
+    assert theirs.value.status == 403
+    now[0] = 11.0
+    with pytest.raises(SessionError) as gone:
+        sessions.get("a", "k")
+    assert gone.value.status == 404
+    sessions.open("c", "k")  # the expired ones made room
+
+
+NEW_ROUTES = ("/v1/responses", "/v1/messages", "/v1/sessions/")
+
+
+def _short(body) -> None:
+    if isinstance(body, dict):
+        for key in ("max_tokens", "max_output_tokens"):
+            if key in body or key == "max_output_tokens" and "input" in body:
+                body[key] = 4
+        body.pop("n", None)
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_no_generated_request_to_the_new_routes_gets_a_server_error(srv, model_name, mode):
+    schema = schemathesis.openapi.from_url(srv.url + "/openapi.json")
+    operations = [r.ok() for r in schema.get_all_operations()]
+    operations = [o for o in operations if o.path.startswith(NEW_ROUTES) or o.path.endswith("/session-jobs")]
+    assert len(operations) >= 8, [o.path for o in operations]
+    failures: list[str] = []
+    for operation in operations:
+        @given(case=operation.as_strategy(generation_mode=mode))
+        @settings(max_examples=20, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def run(case):
+            _short(case.body)
+            response = case.call(base_url=srv.url, headers={"Authorization": f"Bearer {KEYS[0]}"}, timeout=120)
+            if response.status_code >= 500:
+                failures.append(f"{operation.method.upper()} {operation.path} -> {response.status_code}: "
+                                f"{response.text[:300]} for {case.as_curl_command()[:500]}")
+
+        try:
+            run()
+        except Unsatisfiable:
+            assert mode is GenerationMode.NEGATIVE, operation.path
+    assert failures == [], "\n".join(failures[:10])

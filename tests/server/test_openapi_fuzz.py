@@ -1,0 +1,213 @@
+"""The server driven from its own OpenAPI document: schemathesis generates requests (valid ones,
+and ones that break the schema) for every route, and none may get a 5xx.
+
+Routes are tried with data in place, so reads find something: a run with a trained step and
+logged groups. Generated chat requests are capped to a few tokens so a bounded number of examples
+per route fits inside `make test`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import Counter
+from urllib.parse import quote
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+
+from client import TrainConfig, TrainableModel
+from tests.helpers import demo_groups, with_rewards
+
+EXAMPLES_PER_ROUTE = 25
+INT64 = 2**63 - 1
+
+
+@pytest.fixture(scope="module")
+async def fuzzed_server(fresh_server_module):
+    srv = fresh_server_module()
+    model = await TrainableModel("fuzzed").register(srv.url)
+    groups = with_rewards(await demo_groups(model, 1, 2, seed=6), [[0.0, 1.0]])
+    await model.train(groups, TrainConfig(learning_rate=1e-3))
+    await model.log(groups, split="val")
+    return srv
+
+
+def _short(body):
+    # Keep generated completions short: the point is the server's answer, not the model's.
+    if isinstance(body, dict) and "token_ids" in body:  # the token-in route
+        sp = body.setdefault("sampling_params", {})
+        if isinstance(sp, dict):
+            sp["max_tokens"] = 4
+    if isinstance(body, dict) and "messages" in body:
+        body["max_tokens"] = 4
+        body["n"] = 1
+        body.pop("max_completion_tokens", None)
+    if isinstance(body, dict) and "input" in body:  # the Responses API
+        body["max_output_tokens"] = 4
+
+
+def _operations(url: str) -> list:
+    schema = schemathesis.openapi.from_url(url + "/openapi.json")
+    return [result.ok() for result in schema.get_all_operations()]
+
+
+def _fuzz(url: str, mode: GenerationMode, per_route: int,
+          derandomize: bool = True) -> tuple[list[str], dict[tuple[str, str], set[int]], int]:
+    """Generated requests for every route: (5xx failures, status codes seen per operation, cases sent)."""
+    failures: list[str] = []
+    seen: dict[tuple[str, str], set[int]] = {}
+    sent = 0
+    operations = _operations(url)
+    assert len(operations) >= 20  # every route is described (the page and its files are not API)
+    for operation in operations:
+        @given(case=operation.as_strategy(generation_mode=mode))
+        @settings(max_examples=per_route, deadline=None, derandomize=derandomize, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def run(case):
+            nonlocal sent
+            _short(case.body)
+            response = case.call(base_url=url, timeout=120)
+            sent += 1
+            seen.setdefault((operation.method.upper(), operation.path), set()).add(response.status_code)
+            if response.status_code >= 500:
+                failures.append(f"{operation.method.upper()} {operation.path} -> {response.status_code}: "
+                                f"{response.text[:300]} for {case.as_curl_command()[:500]}")
+
+        try:
+            run()
+        except Unsatisfiable:  # nothing in this route's schema can be broken (no parameters, no body)
+            assert mode is GenerationMode.NEGATIVE, operation.path
+    return failures, seen, sent
+
+
+def _undocumented(url: str, seen: dict[tuple[str, str], set[int]]) -> list[str]:
+    """Status codes an operation answered that its published responses do not list."""
+    paths = httpx.get(url + "/openapi.json").json()["paths"]
+    return [f"{method} {path} -> {status}" for (method, path), statuses in sorted(seen.items())
+            for status in sorted(statuses) if str(status) not in paths[path][method.lower()]["responses"]]
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_no_generated_request_gets_a_server_error(fuzzed_server, mode):
+    """And every status code a generated request gets is one the OpenAPI document lists for its route."""
+    failures, seen, _ = _fuzz(fuzzed_server.url, mode, EXAMPLES_PER_ROUTE)
+    assert failures == [], "\n".join(failures[:10])
+    assert _undocumented(fuzzed_server.url, seen) == []
+
+
+@pytest.mark.skipif(not os.environ.get("ARTISAN_FUZZ_CASES"), reason="the long fuzz: ARTISAN_FUZZ_CASES=5000")
+def test_a_long_fuzz_gets_no_server_error_and_only_documented_codes(fuzzed_server):
+    """`ARTISAN_FUZZ_CASES=5000 pytest tests/server/test_openapi_fuzz.py -k long_fuzz -s`: at least that many
+    generated cases, half valid and half breaking the schema; prints one JSON line of what it did."""
+    wanted = int(os.environ["ARTISAN_FUZZ_CASES"])
+    routes = len(_operations(fuzzed_server.url))
+    start, failures, seen, sent = time.monotonic(), [], {}, 0
+    while sent < wanted:  # routes with few distinct cases end early: rounds go on, with new draws, until enough
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            f, s, n = _fuzz(fuzzed_server.url, mode, math.ceil((wanted - sent) / (2 * routes)) + 1, derandomize=False)
+            failures += f
+            sent += n
+            for key, codes in s.items():
+                seen.setdefault(key, set()).update(codes)
+    codes = Counter(c for statuses in seen.values() for c in statuses)
+    print(json.dumps({"cases": sent, "seconds": round(time.monotonic() - start, 1), "server_errors": len(failures),
+                      "routes_per_status_code": dict(sorted(codes.items()))}))
+    assert failures == [], "\n".join(failures[:10])
+    assert _undocumented(fuzzed_server.url, seen) == []
+
+
+# ---- what the generated cases above rarely reach: huge integers and text that is not valid UTF-8 --------
+
+# Lone surrogates, non-BMP characters, NUL and template-looking text, in any mix; strings from JSON
+# escapes ("\\ud800") reach the server as str, so nothing upstream filters them.
+WILD_TEXT = (st.lists(st.sampled_from(["\ud800", "\udfff", "\U0001F600", "\U00010000", "\x00", "{{ x }}", "a", "é"]),
+                      max_size=6).map("".join)
+             | st.text(st.characters(exclude_categories=()), max_size=8))
+HUGE_INT = st.integers(INT64 - 2, 2**80) | st.integers(-2**80, -1) | st.integers(0, 3)
+ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True)
+
+
+def _send(client: httpx.Client, method: str, path: str, body=None, **kw) -> httpx.Response:
+    content = None if body is None else json.dumps(body, allow_nan=True)  # ASCII: surrogates as escapes
+    return client.request(method, path, content=content, headers={"content-type": "application/json"}, **kw)
+
+
+def _segment(text: str) -> str:
+    return quote(text.encode("utf-8", "surrogatepass"), safe="")  # a surrogate as the bytes a client may send
+
+
+@st.composite
+def _log_bodies(draw):
+    meta = draw(st.dictionaries(WILD_TEXT, WILD_TEXT | HUGE_INT | ANY_FLOAT, max_size=3))
+    trajectory = {"messages_and_choices": [{"role": "user", "content": draw(WILD_TEXT)},
+                                           {"role": "assistant", "content": draw(WILD_TEXT)}],
+                  "reward": draw(ANY_FLOAT | HUGE_INT), "metadata": meta}
+    return {"groups": [{"trajectories": [trajectory]}], "split": draw(st.just("val") | WILD_TEXT),
+            "step": draw(st.none() | HUGE_INT)}
+
+
+@st.composite
+def _import_lines(draw, line: dict):
+    rec = json.loads(json.dumps(line))
+    for key in ("step", "group_index", "traj_index"):
+        rec[key] = draw(HUGE_INT)
+    rec["split"] = draw(st.just("train") | WILD_TEXT)
+    rec["trajectory"]["metadata"] = {draw(WILD_TEXT): draw(WILD_TEXT | HUGE_INT)}
+    return json.dumps(rec, allow_nan=True)
+
+
+@st.composite
+def _ui_reads(draw):
+    name, number = _segment(draw(st.just("fuzzed") | WILD_TEXT.filter(bool))), draw(HUGE_INT)
+    path = draw(st.sampled_from([f"/ui/api/runs/{name}", f"/ui/api/runs/{name}/steps/{number}/groups",
+                                 f"/ui/api/runs/{name}/trajectories", f"/ui/api/trajectories/{number}",
+                                 f"/v1/runs/{name}/trajectories"]))
+    query = draw(st.dictionaries(st.sampled_from(["step", "split", "group", "q", "meta_key", "meta_value", "limit"]),
+                                 (WILD_TEXT | HUGE_INT).map(str), max_size=3))
+    return path + "?" + "&".join(f"{k}={_segment(v)}" for k, v in query.items())
+
+
+def test_log_import_and_the_ui_take_huge_integers_and_any_text(fuzzed_server):
+    """Whatever /log, /import and the UI's reads are sent, the answer is never a 5xx, and what was
+    stored can still be read back afterwards."""
+    failures: list[str] = []
+    stored_or_read: Counter[str] = Counter()  # the cases that got through: the test is not all 400s
+    wild = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=list(HealthCheck))
+    with httpx.Client(base_url=fuzzed_server.url, timeout=60) as client:
+        line = json.loads(client.get("/v1/runs/fuzzed/export.jsonl").text.splitlines()[0])
+
+        def check(r: httpx.Response, what: str) -> None:
+            stored_or_read[what.split()[0]] += r.status_code == 200
+            if r.status_code >= 500:
+                failures.append(f"{what} -> {r.status_code}: {r.text[:200]}")
+
+        @wild
+        @given(body=_log_bodies())
+        def log(body):
+            check(_send(client, "POST", "/v1/runs/fuzzed/log", body), f"log {body!r:.300}")
+
+        @wild
+        @given(text=_import_lines(line))
+        def import_(text):
+            r = client.post("/v1/runs/fuzzed/import", content=text.encode("utf-8", "surrogatepass"))
+            check(r, f"import {text[:300]!r}")
+
+        @wild
+        @given(path=_ui_reads())
+        def read(path):
+            check(client.get(path), f"GET {path[:300]}")
+
+        log(), import_(), read()
+        assert failures == [], "\n".join(failures[:10])
+        assert all(stored_or_read[k] > 0 for k in ("log", "import", "GET")), stored_or_read
+        for path in ("/v1/runs/fuzzed/trajectories", "/ui/api/runs/fuzzed", "/ui/api/runs/fuzzed/trajectories",
+                     "/ui/api/runs/fuzzed/steps/1/groups", "/v1/runs/fuzzed/export.jsonl"):
+            assert client.get(path).status_code == 200, path

@@ -1,0 +1,66 @@
+"""The torch engine's prefix cache as a data structure: which entry a prompt reuses, and when
+entries go. That a reused prefix samples what a full prefill would is shown on real weights in
+test_real_models
+(test_a_turn_after_a_long_prompt_reuses_its_prefix_and_samples_as_a_full_prefill_would)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from server.engine.prefix_cache import PrefixCache
+
+pytestmark = pytest.mark.unit
+
+LAYERS, HEADS, DIM = 2, 1, 4
+TOKEN_BYTES = LAYERS * 2 * HEADS * DIM * 4  # float32 keys and values
+
+
+def kv(n: int, fill: float = 1.0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    return ([torch.full((HEADS, n, DIM), fill) for _ in range(LAYERS)],
+            [torch.full((HEADS, n, DIM), -fill) for _ in range(LAYERS)])
+
+
+def test_the_longest_shared_prefix_of_the_same_adapter_is_reused_and_the_last_token_computed():
+    cache = PrefixCache(max_bytes=10**6, min_tokens=4)
+    a, b = list(range(10)), list(range(6)) + [99, 98, 97, 96]
+    cache.add("run@1", a, *kv(10, 1.0))
+    cache.add("run@1", b, *kv(10, 2.0))
+    hit = cache.find("run@1", a + [50, 51])
+    assert hit.length == 10 and hit.entry.keys[0][0, 0, 0] == 1.0
+    assert cache.find("run@1", b[:8] + [0]).length == 8
+    assert cache.find("run@1", a).length == 9  # the whole prompt is cached; its last token's logits are needed
+    assert cache.find("run@2", a + [50]) is None and cache.find(None, a + [50]) is None
+    assert cache.find("run@1", [7] * 12) is None
+    assert cache.find("run@1", list(range(3)) + [55] * 8) is None  # 3 shared tokens: fewer than min_tokens
+    assert cache.figures["hits"] == 3 and cache.figures["tokens_reused"] == 27
+
+
+def test_short_prompts_never_enter_and_a_longer_prompt_replaces_its_own_prefix():
+    cache = PrefixCache(max_bytes=10**6, min_tokens=4)
+    cache.add("a", [1, 2, 3], *kv(3))
+    assert len(cache) == 0 and cache.find("a", [1, 2, 3, 4, 5]) is None
+    cache.add("a", [1, 2, 3, 4], *kv(4))
+    cache.add("a", [1, 2, 3, 4, 5, 6], *kv(6))
+    assert len(cache) == 1 and cache.nbytes == 6 * TOKEN_BYTES
+    cache.add("a", [1, 2, 3, 4, 5], *kv(5))  # already covered
+    assert len(cache) == 1 and cache.nbytes == 6 * TOKEN_BYTES
+
+
+def test_entries_go_least_recently_used_first_within_the_budget_and_with_their_adapter():
+    cache = PrefixCache(max_bytes=20 * TOKEN_BYTES, min_tokens=4)
+    first, second, third = [1] * 8, [2] * 8, [3] * 8
+    cache.add("a", first, *kv(8))
+    cache.add("b", second, *kv(8))
+    assert cache.find("a", first + [0]) is not None  # `first` is now the most recently used
+    cache.add("a", third, *kv(8))
+    assert cache.find("b", second + [0]) is None
+    assert cache.find("a", first + [0]) is not None and cache.find("a", third + [0]) is not None
+    assert cache.nbytes == 16 * TOKEN_BYTES
+    cache.add("a", [4] * 30, *kv(30))  # larger than the whole budget: not kept, nothing evicted for it
+    assert len(cache) == 2
+    cache.drop("a")
+    assert len(cache) == 0 and cache.nbytes == 0
+    off = PrefixCache(max_bytes=0, min_tokens=4)
+    off.add("a", first, *kv(8))
+    assert not off.wants(first) and len(off) == 0
