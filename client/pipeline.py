@@ -105,7 +105,7 @@ class Pipeline:
     it (inside `contextlib.aclosing`) to stop early, and the workers stop with it."""
 
     def __init__(self, sample_group: SampleGroup, train_batch: TrainBatch, *, run: str, served_step: int,
-                 groups_per_step: int, max_steps_off_policy: int = 0, journal: Journal | None = None,
+                 groups_per_step: int, max_steps_off_policy: int, journal: Journal | None = None,
                  max_exceptions: int | float = 0.5, retain: Retain | None = None):
         if groups_per_step < 1 or max_steps_off_policy < 0:
             raise ValueError("groups_per_step must be >= 1 and max_steps_off_policy >= 0")

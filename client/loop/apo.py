@@ -65,9 +65,9 @@ class ValueTable:
     """V* per prompt, estimated the first time a prompt is drawn and kept (a prompt drawn again
     costs nothing). `figures()` is what the run reports of stage 1."""
 
-    samples: int = 8
-    beta: float = 0.5
-    skip_unsolved: bool = True
+    samples: int  # LoopConfig's value_samples, value_beta and skip_unsolved
+    beta: float
+    skip_unsolved: bool
     estimates: dict[str, ValueEstimate] = field(default_factory=dict)
     skipped_unsolved: int = 0  # draws of a prompt no reference sample solved
     failed_estimates: int = 0  # estimates whose every reference sample failed (not kept)

@@ -61,8 +61,9 @@ class Session:
 class Sessions:
     """Live sessions, bounded in number, size and age."""
 
-    def __init__(self, ttl: float = 3600.0, max_sessions: int = 10_000, max_exchanges: int = 1_000,
-                 max_tokens: int = 2_000_000, clock: Callable[[], float] = time.time):
+    # The bounds are Settings' (session_ttl, max_sessions, session_max_exchanges, session_max_tokens).
+    def __init__(self, ttl: float, max_sessions: int, max_exchanges: int, max_tokens: int,
+                 clock: Callable[[], float] = time.time):
         self.ttl, self.max_sessions, self.max_exchanges, self.max_tokens = ttl, max_sessions, max_exchanges, max_tokens
         self.clock = clock
         self._live: OrderedDict[str, Session] = OrderedDict()  # least recently used first

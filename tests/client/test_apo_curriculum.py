@@ -47,7 +47,7 @@ def test_optimal_value_lies_between_the_mean_and_the_best_reward():
 
 @pytest.mark.unit
 async def test_unsolved_prompts_are_skipped_and_counted_and_failed_samples_never_score_zero():
-    table = ValueTable(samples=3, beta=0.5)
+    table = ValueTable(samples=3, beta=0.5, skip_unsolved=True)
     from protocol.trajectory import Trajectory
 
     async def ref(rewards, exceptions=0):
@@ -70,7 +70,8 @@ async def test_unsolved_prompts_are_skipped_and_counted_and_failed_samples_never
     assert f["value_prompts"] == 3 and f["value_samples"] == 9 and f["value_samples_failed"] == 1
     assert f["value_prompts_unsolved"] == 1 and f["value_estimates_failed"] == 1
     assert f["value_draws_skipped_unsolved"] == 1
-    assert ValueTable(skip_unsolved=False).trainable(hard)
+    defaults = LoopConfig()
+    assert ValueTable(defaults.value_samples, defaults.value_beta, skip_unsolved=False).trainable(hard)
     assert solved([0.0, 0.2]) and not solved([0.0, -1.0])
 
 

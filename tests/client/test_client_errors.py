@@ -3,7 +3,6 @@ from the CLI; the library raises typed errors with the same advice."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -81,19 +80,17 @@ def test_debug_shows_the_traceback():
         assert proc.returncode != 0 and "Traceback" in proc.stderr and "ConfigError" in proc.stderr
 
 
-def test_library_raises_typed_errors(keyed_server):
-    async def go():
-        with pytest.raises(ServerError) as refused:
-            await TrainableModel("k").register(keyed_server.url, api_key="wrong")
-        assert refused.value.status == 401 and "api_key" in str(refused.value)
-        with pytest.raises(ServerUnreachable, match="art-server") as down:
-            await TrainableModel("k").register(f"http://127.0.0.1:{free_port()}")
-        assert down.value.status is None and isinstance(down.value, ServerError)
-        with pytest.raises(ConfigError, match="http://"):
-            await TrainableModel("k").register("127.0.0.1:8000")
-        model = await TrainableModel("k").register(keyed_server.url, api_key=KEY)
-        assert model.step == 0
-    asyncio.run(go())
+async def test_library_raises_typed_errors(keyed_server):
+    with pytest.raises(ServerError) as refused:
+        await TrainableModel("k").register(keyed_server.url, api_key="wrong")
+    assert refused.value.status == 401 and "api_key" in str(refused.value)
+    with pytest.raises(ServerUnreachable, match="art-server") as down:
+        await TrainableModel("k").register(f"http://127.0.0.1:{free_port()}")
+    assert down.value.status is None and isinstance(down.value, ServerError)
+    with pytest.raises(ConfigError, match="http://"):
+        await TrainableModel("k").register("127.0.0.1:8000")
+    model = await TrainableModel("k").register(keyed_server.url, api_key=KEY)
+    assert model.step == 0
 
 
 def test_every_error_is_one_line():

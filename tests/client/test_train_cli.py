@@ -7,7 +7,6 @@ Connection error", although its training calls wait out a restart; and Ctrl-C ex
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -94,7 +93,7 @@ def test_ctrl_c_says_how_to_go_on_and_exits_130(fresh_server, tmp_path):
     assert last.startswith(f"interrupted at step {step}; the same command resumes from step {step}"), stderr
 
 
-def test_only_a_failure_to_reach_a_server_that_is_down_waits(server):
+async def test_only_a_failure_to_reach_a_server_that_is_down_waits(server):
     """A connection error while the server answers its health check is the rollout's own (a tool
     backend refused it): counted, not waited for. One while the server is down waits, for no
     longer than the retry window."""
@@ -106,14 +105,14 @@ def test_only_a_failure_to_reach_a_server_that_is_down_waits(server):
 
     watch = ServerWatch(server.url, 5.0)
     with pytest.raises(RuntimeError):
-        asyncio.run(watch.run(refused))
+        await watch.run(refused)
     assert calls == [1] and watch.outages == 0 and watch.gone is None
 
     said: list[str] = []
     nobody = f"http://127.0.0.1:{free_port()}"
     gone = ServerWatch(nobody, 1.0, say=said.append)
     with pytest.raises(ServerUnreachable):
-        asyncio.run(gone.run(refused))
+        await gone.run(refused)
     assert calls == [1, 1] and gone.outages == 1 and isinstance(gone.gone, ServerUnreachable)
     assert said == [f"artisan: waiting for the server at {nobody} (retrying up to 1 s; ARTISAN_RETRY_SECONDS sets "
                     f"how long): rollouts that could not reach it will run again, not count as failed"]
@@ -122,7 +121,7 @@ def test_only_a_failure_to_reach_a_server_that_is_down_waits(server):
         raise ValueError("a bad reply")
 
     with pytest.raises(ValueError):  # not a connection failure: not even a health check
-        asyncio.run(ServerWatch(nobody, 1.0, say=said.append).run(wrong))
+        await ServerWatch(nobody, 1.0, say=said.append).run(wrong)
     assert len(said) == 1
 
 

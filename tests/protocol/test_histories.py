@@ -15,6 +15,7 @@ from protocol.histories import RecordedExchange, histories, spliced, turn_identi
 from protocol.trajectory import History
 from server.chat.sampled_turns import turn_key
 from server.harness.sessions import Sessions
+from server.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -83,7 +84,9 @@ def dumped(history: History | dict[str, Any]) -> dict[str, Any]:
 
 def session_histories() -> list[dict[str, Any]]:
     """RECORDED through the server's real session recorder and scoring."""
-    sessions = Sessions()
+    settings = Settings()
+    sessions = Sessions(ttl=settings.session_ttl, max_sessions=settings.max_sessions,
+                        max_exchanges=settings.session_max_exchanges, max_tokens=settings.session_max_tokens)
     for messages, tools, c in RECORDED:
         sessions.recorder(sessions.open("s", "key"))(messages, tools, c)
     return [dumped(h) for h in sessions.trajectory("s", "key", reward=1.0).histories()]

@@ -9,6 +9,7 @@ import contextlib
 import pytest
 from openai.types.chat.chat_completion import Choice
 
+from client.loop.config import LoopConfig
 from client.pipeline import Journal, Pipeline, batch_key
 from protocol.jobs import TrainResult
 from protocol.metrics import StepMetrics
@@ -185,7 +186,8 @@ async def test_a_failing_sampler_ends_the_run_with_its_error():
     async def broken(policy, index):
         raise RuntimeError("environment is down")
 
-    pipeline = Pipeline(broken, FakeRun(0).train, run="r", served_step=0, groups_per_step=2)
+    pipeline = Pipeline(broken, FakeRun(0).train, run="r", served_step=0, groups_per_step=2,
+                        max_steps_off_policy=LoopConfig().max_steps_off_policy)
 
     with pytest.raises(RuntimeError, match="environment is down"):
         async with contextlib.aclosing(pipeline.steps(3)) as it:

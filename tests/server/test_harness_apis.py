@@ -100,16 +100,14 @@ async def responses_rollout(model: TrainableModel, session: str, seed: int, stre
 
 
 @pytest.mark.parametrize("family", ["smollm2", "qwen3"])
-def test_responses_with_a_function_call_over_two_turns_train_token_exactly(servers, family):
+async def test_responses_with_a_function_call_over_two_turns_train_token_exactly(servers, family):
     srv = servers(family)
 
-    async def go():
-        model = await TrainableModel(f"{family}-responses").register(srv.url)
-        sessions = {(stream, seed): f"{family}-resp-{stream}-{seed}" for stream in (False, True) for seed in (0, 1)}
-        await asyncio.gather(*[responses_rollout(model, sid, seed, stream) for (stream, seed), sid in sessions.items()])
-        groups = [[(sessions[(stream, seed)], float(seed)) for seed in (0, 1)] for stream in (False, True)]
-        check_step(await model.train_sessions(groups, TrainConfig(learning_rate=1e-4)), choices=8)
-    asyncio.run(go())
+    model = await TrainableModel(f"{family}-responses").register(srv.url)
+    sessions = {(stream, seed): f"{family}-resp-{stream}-{seed}" for stream in (False, True) for seed in (0, 1)}
+    await asyncio.gather(*[responses_rollout(model, sid, seed, stream) for (stream, seed), sid in sessions.items()])
+    groups = [[(sessions[(stream, seed)], float(seed)) for seed in (0, 1)] for stream in (False, True)]
+    check_step(await model.train_sessions(groups, TrainConfig(learning_rate=1e-4)), choices=8)
 
 
 # ---- Anthropic Messages -------------------------------------------------------------------------
@@ -144,21 +142,19 @@ async def messages_rollout(model: TrainableModel, session: str, seed: int, strea
 
 
 @pytest.mark.parametrize("family", ["smollm2", "qwen3"])
-def test_messages_with_tool_use_over_two_turns_train_token_exactly(servers, family):
+async def test_messages_with_tool_use_over_two_turns_train_token_exactly(servers, family):
     srv = servers(family)
 
-    async def go():
-        model = await TrainableModel(f"{family}-messages").register(srv.url)
-        sessions = {(stream, seed): f"{family}-msg-{stream}-{seed}" for stream in (False, True) for seed in (0, 1)}
-        await asyncio.gather(*[messages_rollout(model, sid, seed, stream) for (stream, seed), sid in sessions.items()])
-        groups = [[(sessions[(stream, seed)], float(seed)) for seed in (0, 1)] for stream in (False, True)]
-        check_step(await model.train_sessions(groups, TrainConfig(learning_rate=1e-4)), choices=8)
-    asyncio.run(go())
+    model = await TrainableModel(f"{family}-messages").register(srv.url)
+    sessions = {(stream, seed): f"{family}-msg-{stream}-{seed}" for stream in (False, True) for seed in (0, 1)}
+    await asyncio.gather(*[messages_rollout(model, sid, seed, stream) for (stream, seed), sid in sessions.items()])
+    groups = [[(sessions[(stream, seed)], float(seed)) for seed in (0, 1)] for stream in (False, True)]
+    check_step(await model.train_sessions(groups, TrainConfig(learning_rate=1e-4)), choices=8)
 
 
 # ---- an agent harness, unchanged but for its base URL ---------------------------------------------
 
-def test_an_openai_agents_sdk_agent_trains_through_a_session_url(servers, monkeypatch):
+async def test_an_openai_agents_sdk_agent_trains_through_a_session_url(servers, monkeypatch):
     monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")  # it would send traces to OpenAI
     import agents
 
@@ -190,12 +186,10 @@ def test_an_openai_agents_sdk_agent_trains_through_a_session_url(servers, monkey
             await client.close()
         return sum(isinstance(i, agents.ToolCallItem) for i in items)
 
-    async def go():
-        model = await TrainableModel("agents-sdk").register(srv.url)
-        calls = await asyncio.gather(*[run(model, f"agent-{seed}", seed) for seed in (0, 1)])
-        assert all(n >= 1 for n in calls), calls  # each agent called a tool and got its result back
-        sessions = [await model.request("GET", f"/v1/sessions/agent-{seed}") for seed in (0, 1)]
-        assert all(s["exchanges"] >= 2 for s in sessions), sessions
-        result = await model.train_sessions([[("agent-0", 0.0), ("agent-1", 1.0)]], TrainConfig(learning_rate=1e-4))
-        check_step(result, choices=sum(s["exchanges"] for s in sessions))
-    asyncio.run(go())
+    model = await TrainableModel("agents-sdk").register(srv.url)
+    calls = await asyncio.gather(*[run(model, f"agent-{seed}", seed) for seed in (0, 1)])
+    assert all(n >= 1 for n in calls), calls  # each agent called a tool and got its result back
+    sessions = [await model.request("GET", f"/v1/sessions/agent-{seed}") for seed in (0, 1)]
+    assert all(s["exchanges"] >= 2 for s in sessions), sessions
+    result = await model.train_sessions([[("agent-0", 0.0), ("agent-1", 1.0)]], TrainConfig(learning_rate=1e-4))
+    check_step(result, choices=sum(s["exchanges"] for s in sessions))

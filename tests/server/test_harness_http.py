@@ -6,8 +6,6 @@ the new routes take whatever their OpenAPI schema generates without a 5xx.
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 import schemathesis
@@ -17,6 +15,7 @@ from schemathesis import GenerationMode
 
 from client import TrainConfig, TrainableModel
 from server.harness.sessions import SessionError, Sessions
+from server.settings import Settings
 
 KEYS = ("key-one", "key-two")
 TOOL = {"type": "function", "name": "lookup", "description": "Look an item up.",
@@ -36,8 +35,8 @@ def http(srv):
 
 
 @pytest.fixture(scope="module")
-def model_name(srv):
-    return asyncio.run(TrainableModel("harness-http").register(srv.url, api_key=KEYS[0])).name
+async def model_name(srv):
+    return (await TrainableModel("harness-http").register(srv.url, api_key=KEYS[0])).name
 
 
 def _error(r: httpx.Response, status: int = 400) -> dict:
@@ -109,7 +108,7 @@ def test_previous_response_id_continues_with_the_sampled_ids(srv, http, model_na
     assert _error(other)["param"] == "previous_response_id"  # another key's response is not there for it
 
 
-def test_a_session_belongs_to_its_key_and_trains_from_what_was_recorded(srv, http, model_name):
+async def test_a_session_belongs_to_its_key_and_trains_from_what_was_recorded(srv, http, model_name):
     body = {"model": model_name, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
     for seed, sid in enumerate(("owned-a", "owned-b")):
         r = httpx.post(f"{srv.url}/v1/sessions/{sid}/messages", headers={"x-api-key": KEYS[0]},
@@ -127,16 +126,16 @@ def test_a_session_belongs_to_its_key_and_trains_from_what_was_recorded(srv, htt
         {"session_id": "never-used", "reward": 0}]}]})
     assert _error(r, 404)["param"] == "groups[0].sessions[0].session_id"
 
-    async def train():
-        model = await TrainableModel(model_name).register(srv.url, api_key=KEYS[0])
-        return await model.train_sessions([[("owned-a", 0.0), ("owned-b", 1.0)]], TrainConfig(learning_rate=1e-3))
-    m = asyncio.run(train()).metrics
+    model = await TrainableModel(model_name).register(srv.url, api_key=KEYS[0])
+    result = await model.train_sessions([[("owned-a", 0.0), ("owned-b", 1.0)]], TrainConfig(learning_rate=1e-3))
+    m = result.metrics
     assert m.trained_choices == m.choices == 2 and m.prompt_mismatches == 0
 
 
 def test_sessions_are_bounded_and_expire():
     now = [0.0]
-    sessions = Sessions(ttl=10, max_sessions=2, max_exchanges=2, clock=lambda: now[0])
+    sessions = Sessions(ttl=10, max_sessions=2, max_exchanges=2, max_tokens=Settings().session_max_tokens,
+                        clock=lambda: now[0])
     choice = {"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop", "token_ids": [1],
               "sampling": {"prompt_len": 3}}
     for _ in range(2):
