@@ -2,14 +2,15 @@
 
 Content blocks are text, `tool_use`, `tool_result` and `thinking` (what a harness echoes back of
 earlier turns); images, documents and server tools fail validation with the block's place named.
-Unknown top-level parameters (metadata, service_tier, ...) are accepted and ignored.
+Unknown top-level parameters (metadata, service_tier, ...) are accepted and ignored; `thinking` is
+checked as Anthropic defines it (the chat template, not it, decides whether the model thinks).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from protocol.choices import INT64
 from server.api.schemas import MAX_STOPS, TOOL_NAME, object_schema
@@ -80,6 +81,23 @@ class ToolChoice(BaseModel):
         return self
 
 
+class Thinking(BaseModel):
+    """Anthropic's thinking configuration: the types its SDK documents, and a manual budget of at
+    least 1024 tokens (that it is under `max_tokens` is checked where the request becomes a chat
+    request, server/api/translate.py, so that the 400 names `thinking.budget_tokens`)."""
+    model_config = ConfigDict(extra="ignore")  # display: how thinking is shown, which is the template's
+
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
+    budget_tokens: int | None = Field(default=None, ge=1024, le=INT64, validate_default=True)
+
+    @field_validator("budget_tokens")
+    @classmethod
+    def _budget(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if info.data.get("type") == "enabled" and v is None:
+            raise ValueError("thinking of type 'enabled' needs budget_tokens")
+        return v
+
+
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -93,6 +111,7 @@ class MessagesRequest(BaseModel):
     temperature: float = Field(default=1.0, ge=0, le=1, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(default=None, description="not supported: the trainer cannot reproduce top-k sampling")
+    thinking: Thinking | None = None
     stream: bool = False
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # artisan's: reproducible samples
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)

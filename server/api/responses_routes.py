@@ -57,7 +57,10 @@ async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
                            param="previous_response_id", code="previous_response_not_found")
         previous = list(stored.messages)
     history, chat = translate.responses_chat(body, previous)
-    c = await completions.start(state, chat, require_api_key(request), record)
+    try:
+        c = await completions.start(state, chat, require_api_key(request), record)
+    except APIError as e:
+        raise _as_text_format(e)
     r = _Response(body, "resp_" + uuid.uuid4().hex, int(time.time()), c)
 
     def keep(choice: dict[str, Any]) -> None:
@@ -69,6 +72,14 @@ async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
     [choice] = await completions.finish(state, c, request)
     keep(choice)
     return r.body(choice)
+
+
+def _as_text_format(e: APIError) -> APIError:
+    """A chat `response_format` error is the Responses request's `text.format`."""
+    if e.param != "response_format":
+        return e
+    message = e.message.removeprefix("response_format").lstrip(": ")
+    return APIError(e.status, f"text.format: {message}", param="text.format", code=e.code, headers=e.headers)
 
 
 class _Response:
@@ -90,7 +101,8 @@ class _Response:
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": req.model,
             "output": out, "parallel_tool_calls": req.parallel_tool_calls,
             "previous_response_id": req.previous_response_id, "reasoning": {"effort": None, "summary": None},
-            "store": req.store, "temperature": req.temperature, "text": {"format": {"type": "text"}},
+            "store": req.store, "temperature": req.temperature,
+            "text": {"format": req.text.format.model_dump(by_alias=True, exclude_none=True)},
             "tool_choice": tool_choice or "auto",
             "tools": [t.model_dump(exclude_none=True) for t in req.tools or []], "top_p": req.top_p,
             "truncation": "disabled", "metadata": (req.model_extra or {}).get("metadata") or {},

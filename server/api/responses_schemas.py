@@ -4,7 +4,8 @@ Input is a string or a list of items: messages (text parts only), `function_call
 `function_call_output` and `reasoning` items, which is what a harness echoes back of earlier
 responses. Item types and tool types that a chat template cannot render (images, files, hosted
 tools) fail validation with the item's place named. Unknown top-level parameters are accepted and
-ignored, as for chat.
+ignored, as for chat; `top_k`, which a client may send meaning it, is refused, and `text.format`
+constrains the answer as chat's `response_format` does.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from protocol.choices import INT64
-from server.api.schemas import TOOL_NAME, FunctionSpec
+from server.api.schemas import TOOL_NAME, FunctionSpec, ResponseFormat
 
 
 class _Item(BaseModel):
@@ -81,6 +82,33 @@ class NamedFunctionChoice(BaseModel):
     name: str = Field(pattern=TOOL_NAME.pattern)
 
 
+class PlainFormat(BaseModel):
+    type: Literal["text", "json_object"]
+
+
+class JsonSchemaTextFormat(BaseModel):
+    """Responses' flat form of chat's `{"type": "json_schema", "json_schema": {...}}`."""
+    type: Literal["json_schema"]
+    name: str = Field(default="response", max_length=64)
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # verbosity: a hint to OpenAI's models, nothing to sample by
+
+    format: Annotated[Union[PlainFormat, JsonSchemaTextFormat], Field(discriminator="type")] = PlainFormat(type="text")
+
+    def response_format(self) -> ResponseFormat:
+        """The chat `response_format` this format amounts to."""
+        f = self.format
+        if isinstance(f, JsonSchemaTextFormat):
+            return ResponseFormat.model_validate({"type": "json_schema", "json_schema": {
+                "name": f.name, "schema": f.schema_, "strict": f.strict}})
+        return ResponseFormat(type=f.type)
+
+
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -93,12 +121,22 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: int | None = Field(default=None, ge=1, le=INT64)
     temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, description="not supported: the trainer cannot reproduce top-k sampling")
+    text: TextConfig = Field(default_factory=TextConfig)
     previous_response_id: str | None = Field(default=None, max_length=200)
     store: bool = True
     stream: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # artisan's: reproducible samples
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
+
+    @field_validator("top_k")
+    @classmethod
+    def _no_top_k(cls, v: int | None) -> None:
+        # Refused, not ignored: the trainer could not reproduce the distribution sampled from.
+        if v is not None:
+            raise ValueError("top_k is not supported: the trainer cannot reproduce top-k sampling")
+        return v
 
     @field_validator("input")
     @classmethod

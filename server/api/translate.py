@@ -46,7 +46,8 @@ def responses_chat(body: ResponsesRequest,
             tool_choice=translation.responses_tool_choice(raw.get("tool_choice")),
             parallel_tool_calls=body.parallel_tool_calls, max_tokens=body.max_output_tokens,
             temperature=body.temperature, top_p=body.top_p, seed=body.seed, logprobs=bool(body.top_logprobs) or None,
-            top_logprobs=body.top_logprobs, stream=body.stream, chat_template_kwargs=body.chat_template_kwargs)
+            top_logprobs=body.top_logprobs, response_format=body.text.response_format(), stream=body.stream,
+            chat_template_kwargs=body.chat_template_kwargs)
     except TranslationError as e:
         raise _bad_request(e)
     return history.messages, chat
@@ -57,6 +58,7 @@ def messages_chat(body: MessagesRequest) -> ChatCompletionRequest:
     raw = body.model_dump(include={"system", "messages", "tools", "tool_choice"}, exclude_none=True)
     tool_choice, parallel = translation.anthropic_tool_choice(raw.get("tool_choice"))
     try:
+        _check_thinking_budget(body)
         conversation = translation.anthropic_conversation(raw.get("system"), raw["messages"])
         _check_order(conversation)
         return _chat_request(
@@ -66,6 +68,14 @@ def messages_chat(body: MessagesRequest) -> ChatCompletionRequest:
             stream=body.stream, chat_template_kwargs=body.chat_template_kwargs)
     except TranslationError as e:
         raise _bad_request(e)
+
+
+def _check_thinking_budget(body: MessagesRequest) -> None:
+    # Anthropic's rule: the budget is part of max_tokens, so one at or past it cannot be what was meant.
+    budget = body.thinking.budget_tokens if body.thinking is not None else None
+    if budget is not None and budget >= body.max_tokens:
+        raise TranslationError("thinking.budget_tokens",
+                               f"must be less than max_tokens ({budget} >= {body.max_tokens})")
 
 
 def _bad_request(e: TranslationError) -> APIError:

@@ -1,0 +1,80 @@
+"""Fields the Responses and Messages APIs accept are honoured or refused, never silently ignored:
+on the embedded model, through the real `openai` and `anthropic` SDKs, a field the server cannot
+honour (`top_k`) or a value Anthropic does not define (`thinking.type`, `thinking.budget_tokens`)
+is a 400 naming the field, and `text.format` constrains the answer as chat's `response_format` does.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import openai
+import pytest
+
+MODEL = "artisan-tiny"
+SCHEMA = {"type": "object", "properties": {"score": {"type": "integer", "maximum": 9}}, "required": ["score"],
+          "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    with anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=120) as client:
+        yield client
+
+
+@pytest.mark.parametrize("extra,field", [
+    ({"extra_body": {"top_k": 5}}, "top_k"),
+    ({"text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object", "properties": 7}}}},
+     "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "s"}}}, "text.format"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format"),
+])
+def test_responses_refuses_what_it_cannot_honour_naming_the_field(oai, extra, field):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=MODEL, input="hi", max_output_tokens=4, **extra)
+    assert e.value.status_code == 400
+    assert e.value.body["param"].startswith(field), e.value.body
+    assert field in e.value.body["message"]
+
+
+def test_responses_text_format_json_schema_constrains_the_answer(oai):
+    r = oai.responses.create(model=MODEL, input="Score it.", max_output_tokens=40, store=False, extra_body={"seed": 2},
+                             text={"format": {"type": "json_schema", "name": "s", "schema": SCHEMA}})
+    assert set(json.loads(r.output_text)) == {"score"}
+    assert r.text.format.type == "json_schema"
+
+
+def test_responses_plain_text_format_still_samples(oai):
+    r = oai.responses.create(model=MODEL, input="hi", max_output_tokens=4, store=False,
+                             text={"format": {"type": "text"}})
+    assert r.status in ("completed", "incomplete") and r.usage.output_tokens >= 1
+
+
+@pytest.mark.parametrize("thinking,max_tokens,field", [
+    ({"type": "sometimes"}, 2048, "thinking.type"),
+    ({"type": "enabled", "budget_tokens": 10**9}, 2048, "thinking.budget_tokens"),
+    ({"type": "enabled", "budget_tokens": 2048}, 2048, "thinking.budget_tokens"),
+    ({"type": "enabled", "budget_tokens": 100}, 2048, "thinking.budget_tokens"),
+    ({"type": "enabled"}, 2048, "thinking.budget_tokens"),
+])
+def test_messages_refuses_thinking_anthropic_does_not_define(claude, thinking, max_tokens, field):
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model=MODEL, max_tokens=max_tokens, thinking=thinking,
+                               messages=[{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 400
+    assert field in e.value.body["error"]["message"], e.value.body
+
+
+@pytest.mark.parametrize("thinking", [{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"},
+                                      {"type": "adaptive"}])
+def test_messages_with_thinking_anthropic_defines_still_samples(claude, thinking):
+    m = claude.messages.create(model=MODEL, max_tokens=1025, thinking=thinking, stop_sequences=[" ", "a", "e", "o"],
+                               messages=[{"role": "user", "content": "hi"}])
+    assert m.usage.output_tokens >= 1
