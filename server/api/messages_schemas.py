@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from protocol.choices import INT64
-from server.api.schemas import MAX_STOPS, TOOL_NAME, object_schema
+from server.api.schemas import RefusedTopK, MAX_STOPS, TOOL_NAME, object_schema
 
 
 class _Block(BaseModel):
@@ -110,19 +110,11 @@ class MessagesRequest(BaseModel):
     stop_sequences: list[str] | None = Field(default=None, max_length=MAX_STOPS)
     temperature: float = Field(default=1.0, ge=0, le=1, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: int | None = Field(default=None, description="not supported: the trainer cannot reproduce top-k sampling")
+    top_k: RefusedTopK = None
     thinking: Thinking | None = None
     stream: bool = False
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # artisan's: reproducible samples
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
-
-    @field_validator("top_k")
-    @classmethod
-    def _no_top_k(cls, v: int | None) -> None:
-        # Refused, not ignored: the trainer could not reproduce the distribution sampled from.
-        if v is not None:
-            raise ValueError("top_k is not supported: the trainer cannot reproduce top-k sampling")
-        return v
 
     @model_validator(mode="after")
     def _check(self) -> "MessagesRequest":

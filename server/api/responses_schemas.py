@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from protocol.choices import INT64
-from server.api.schemas import TOOL_NAME, FunctionSpec, ResponseFormat
+from server.api.schemas import RefusedTopK, TOOL_NAME, FunctionSpec, ResponseFormat
 
 
 class _Item(BaseModel):
@@ -121,7 +121,7 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: int | None = Field(default=None, ge=1, le=INT64)
     temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: int | None = Field(default=None, description="not supported: the trainer cannot reproduce top-k sampling")
+    top_k: RefusedTopK = None
     text: TextConfig = Field(default_factory=TextConfig)
     previous_response_id: str | None = Field(default=None, max_length=200)
     store: bool = True
@@ -129,14 +129,6 @@ class ResponsesRequest(BaseModel):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # artisan's: reproducible samples
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
-
-    @field_validator("top_k")
-    @classmethod
-    def _no_top_k(cls, v: int | None) -> None:
-        # Refused, not ignored: the trainer could not reproduce the distribution sampled from.
-        if v is not None:
-            raise ValueError("top_k is not supported: the trainer cannot reproduce top-k sampling")
-        return v
 
     @field_validator("input")
     @classmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from protocol.choices import INT64
 
@@ -48,6 +48,18 @@ def object_schema(v: dict[str, Any], field: str) -> dict[str, Any]:
         raise ValueError(f"{field}.required must be a list")
     return v
 
+
+
+def _refuse_top_k(v: int | None) -> int | None:
+    # Refused, not ignored: the trainer could not reproduce the distribution sampled from.
+    if v is not None:
+        raise ValueError("top_k is not supported: the trainer cannot reproduce top-k sampling")
+    return v
+
+
+# `top_k` as the Responses and Messages faces take it: named in the schema, refused when set.
+RefusedTopK = Annotated[int | None, AfterValidator(_refuse_top_k),
+                        Field(description="not supported: the trainer cannot reproduce top-k sampling")]
 
 class FunctionSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
