@@ -8,10 +8,12 @@ and without a seed two runs sample differently.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
 
+from client.errors import RunCannotLearn
 from client.loop.training_loop import train_loop
 from client.loop.config import LoopConfig
 from rollouts.seeding import derive_seed, next_request_seed, seeded
@@ -59,5 +61,9 @@ async def test_a_seeded_run_repeats_its_curve_and_an_unseeded_one_does_not(fresh
     # A group's members were seeded apart: not every rollout of a task sampled the same tokens.
     assert len({tuple(map(tuple, t)) for t in a}) > 2
 
-    await run("unseeded", None)
-    assert _sampled(srv.url, "unseeded") != a
+    # Unseeded, the draw may score 0 everywhere and stop as hopeless after one attempt; its held-out
+    # samples are logged before that stop, and they are what this compares.
+    with contextlib.suppress(RunCannotLearn):
+        await run("unseeded", None)
+    unseeded = _sampled(srv.url, "unseeded")
+    assert unseeded and unseeded != a
