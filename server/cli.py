@@ -32,9 +32,9 @@ def setting(name: str, *param_decls: str, **option: Any) -> Any:
     return typer.Option(field.get_default(call_default_factory=True), *param_decls, help=field.description, **option)
 
 
-# The options are Settings' fields by name (settings_of), each with Settings' default, but for those
-# that are no setting (--max-connections-per-ip, --log-level) and two a setting is read from: the
-# template's kwargs as JSON, and the tenants' keys from a file.
+# The options are Settings' fields by name (settings_of), each with Settings' default, but for the one
+# that is no setting (--log-level) and two a setting is read from: the template's kwargs as JSON, and
+# the tenants' keys from a file.
 @app.command()
 def serve(
     ctx: typer.Context,
@@ -52,9 +52,10 @@ def serve(
     tenant_keys: Path = typer.Option(None, envvar="ARTISAN_TENANT_KEYS", help="A file of tenant keys, one NAME=KEY "
                                      "per line: each tenant sees only the runs it created."),
     max_runs_per_key: int = setting("max_runs_per_key", min=1),
-    max_connections_per_ip: int = typer.Option(256, min=1, help="Open connections one client address may hold; "
-                                                                "more are closed at once."),
     header_timeout: float = setting("header_timeout", min=0.1),
+    max_requests_per_ip: int = setting("max_requests_per_ip", min=1),
+    max_requests: int = setting("max_requests", min=1),
+    max_connections_per_ip: int = setting("max_connections_per_ip", min=1),
     data_dir: Path = setting("data_dir"),
     cache_dir: Path = setting("cache_dir"),
     engine: str = setting("engine"),
@@ -79,6 +80,8 @@ def serve(
     memory_reserve_mb: int = setting("memory_reserve_mb", min=0),
     session_ttl: float = setting("session_ttl", min=1),
     session_max_exchanges: int = setting("session_max_exchanges", min=1),
+    max_sessions_per_key: int = setting("max_sessions_per_key", min=1),
+    session_max_bytes: int = setting("session_max_bytes", min=1),
     keep_trajectory_steps: int = setting("keep_trajectory_steps"),
     export: list[str] = setting("export", "--export", envvar="ARTISAN_EXPORT"),
     export_timeout: float = setting("export_timeout"),
@@ -94,17 +97,19 @@ def serve(
 
     from server.app import create_app
 
-    from server.connections.limits import BACKLOG, ConnectionGuard, connection_cap, guarded_protocol, raise_fd_limit
+    from server.api.errors import error_body
+    from server.connections.limits import BACKLOG, guard_of, guarded_protocol, raise_fd_limit
     from server.log_limits import collapse_repeats_on, uvicorn_log_config
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     collapse_repeats_on(logging.getLogger())
     fd_limit = raise_fd_limit()
-    guard = ConnectionGuard(max_connections_per_ip, header_timeout, connection_cap(fd_limit))
-    logging.getLogger("artisan").info("descriptor limit %d: at most %d connections, %d per address", fd_limit,
-                                      guard.max_connections, guard.per_ip)
+    guard = guard_of(settings, fd_limit)
+    logging.getLogger("artisan").info("descriptor limit %d: at most %d connections, %d per address; 503 past %d "
+                                      "requests in flight, %d per address", fd_limit, guard.max_connections,
+                                      guard.per_ip, guard.max_requests, guard.requests_per_ip)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_keep_alive=30,
-                http=guarded_protocol(guard), backlog=BACKLOG, log_config=uvicorn_log_config())
+                http=guarded_protocol(guard, error_body), backlog=BACKLOG, log_config=uvicorn_log_config())
 
 
 def settings_of(options: dict[str, Any]) -> Settings:

@@ -45,9 +45,19 @@ class Settings(BaseModel):
                                         "runs it created.")
     max_runs_per_key: int = Field(default=100, description="Runs one key may create (a tenant's, or the admin keys' "
                                   "together); more get a 403.")
-    # server/connections/limits.py enforces it.
+    # server/connections/limits.py enforces these: soft caps on requests in flight (past them a 503 with
+    # Retry-After), a hard cap on connections well above them (past it a closed connection).
     header_timeout: float = Field(default=10.0, description="Seconds a connection may take to send a request's "
                                   "headers before it is closed.")
+    max_requests_per_ip: int = Field(default=256, description="Requests one client address may have in flight; "
+                                     "more are answered 503 with Retry-After at once (behind a reverse proxy every "
+                                     "client has the proxy's address: see the README).")
+    max_requests: int | None = Field(default=None, description="Requests in flight from all addresses; more are "
+                                     "answered 503 with Retry-After at once (default: a quarter of the connections "
+                                     "the descriptor limit allows).")
+    max_connections_per_ip: int = Field(default=2048, description="Open connections one client address may hold; "
+                                        "more are closed at once, unanswered (the hard cap, well above "
+                                        "--max-requests-per-ip).")
     data_dir: Path = Field(default=Path("artisan-data"), description="Where runs, checkpoints and logs live.")
     cache_dir: Path = Field(default=DEFAULT_CACHE, description="Where dequantised GGUF models are kept.")
     engine: Literal["torch", "vllm"] = Field(default="torch", description="torch (default; CPU or CUDA) or vllm (a "
@@ -91,6 +101,11 @@ class Settings(BaseModel):
                               "429.")
     session_max_exchanges: int = Field(default=1_000, description="Exchanges one recorded session may hold.")
     session_max_tokens: int = Field(default=2_000_000, description="Tokens one recorded session may hold.")
+    # Below max_sessions, so that one key recording (or failing) in bulk cannot lock the other keys out.
+    max_sessions_per_key: int = Field(default=1_000, description="Recorded sessions one API key may have live at "
+                                      "once; a new one past it gets a 429.")
+    session_max_bytes: int = Field(default=64 * 1024 * 1024, description="Bytes one recorded session may hold (its "
+                                   "exchanges as JSON, fields no chat template reads left out); past it, a 409.")
     job_time_limit: float = Field(default=6 * 3600.0, description="Seconds a training job may run before it is "
                                   "stopped.")
     # Bounds that keep one run from holding the others (server/training/bounds.py).

@@ -14,15 +14,16 @@ agent trained that way cannot learn to call them.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 from fastapi import Request
 
 from server.api.auth import Caller
 from server.sampling.choices import build_choice, sampling_info
-from server.api.deps import ServerState
+from server.api.deps import ServerState, session_error
 from server.api.engine_requests import check_params, resolve_policy, room, submit, wait_finished
 from server.api.errors import APIError
 from server.api.schemas import ChatCompletionRequest
@@ -32,8 +33,9 @@ from server.chat.template import TemplateError
 from server.chat.validate import RenderError, validate_messages
 from server.engine.constraints import ConstraintError, constraint_for
 from server.engine.sampling import SamplingParams
+from server.harness.sessions import Recording, SessionError
 
-Recorder = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]], None]
+Recorder = Recording  # a session's, for a request under /v1/sessions/{id}/
 
 
 def unrendered_tools_message(model: str) -> str:
@@ -85,25 +87,44 @@ async def start(state: ServerState, body: ChatCompletionRequest, who: Caller,
     policy = await resolve_policy(state, body.model, who)
     prompt = _prompt(state, body)
     params = _sampling_params(state, body, len(prompt.ids))
-    gen, events = submit(state, policy, prompt.ids, params, n=body.n, stream=body.stream)
-    tools = body.tool_dicts()
-    on_choice = None if record is None else (lambda choice: record(body.messages, tools, choice))
+    if record is not None:  # only now: a request refused above leaves no trace in the session
+        _begin(record, body)
+    try:
+        gen, events = submit(state, policy, prompt.ids, params, n=body.n, stream=body.stream)
+    except BaseException:
+        if record is not None:
+            record.end()
+        raise
+
+    def release() -> None:
+        state.served.release(policy)
+        if record is not None:
+            record.end()
+
     return Completion(gen, events, "chatcmpl-" + uuid.uuid4().hex, int(time.time()), body.model, prompt.ids,
                       sampling_info(state.host, policy, params, prompt.ids, body.chat_template_kwargs),
                       body.tools_enabled, body.stop, bool((body.stream_options or {}).get("include_usage")),
-                      release=lambda: state.served.release(policy), on_choice=on_choice)
+                      release=release, on_choice=record)
+
+
+def _begin(record: Recorder, body: ChatCompletionRequest) -> None:
+    """The session takes one more exchange, or the request is refused before it is sampled."""
+    try:
+        record.begin(body.messages, body.tool_dicts())
+    except SessionError as e:
+        raise session_error(e)
 
 
 async def finish(state: ServerState, c: Completion, request: Request) -> list[dict[str, Any]]:
     """Every choice of a request that does not stream, in index order."""
     try:
         await wait_finished(c.gen, c.events, request)
+        choices = [build_choice(state.host, s, c.sampling, c.tools_enabled) for s in c.gen.sequences]
+        if c.on_choice is not None:  # stored before the answer and the release (which ends the exchange)
+            for choice in choices:
+                await asyncio.to_thread(c.on_choice, choice)  # a large exchange takes a while to write
     finally:
         c.release()
-    choices = [build_choice(state.host, s, c.sampling, c.tools_enabled) for s in c.gen.sequences]
-    if c.on_choice is not None:
-        for choice in choices:
-            c.on_choice(choice)
     return choices
 
 

@@ -4,7 +4,7 @@ see it: keys per tenant are enforced here, for every run-scoped route)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable
+from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
@@ -20,7 +20,7 @@ from server.harness.responses import ResponseStore
 from server.runs.facade import Runs
 from server.runs.run import Run
 from server.sampling.served_names import ServedModels
-from server.harness.sessions import SessionError, Sessions
+from server.harness.sessions import Recording, SessionError, Sessions
 from server.settings import Settings
 from server.store import Store
 from server.training.jobs import JobManager
@@ -54,13 +54,11 @@ def session_error(e: SessionError) -> APIError:
     return APIError(e.status, e.message, param="session_id", code="session_unavailable")
 
 
-def open_session(state: ServerState, session_id: str, request: Request
-                 ) -> Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]], None]:
-    """The recorder of the session a URL names, opened (or created) for one more exchange."""
-    try:
-        return state.sessions.recorder(state.sessions.open(session_id, caller(request)))
-    except SessionError as e:
-        raise session_error(e)
+def open_session(state: ServerState, session_id: str, request: Request) -> Recording:
+    """How the request records into the session its URL names (the caller's: ids are per key).
+    Nothing is created or checked yet: server/api/completions.py begins it once the request is
+    known to be sampled, so a request that fails leaves no session."""
+    return state.sessions.recording(session_id, caller(request))
 
 
 def run_not_found(name: str) -> APIError:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from protocol.choices import INT64
+from protocol.nesting import check_arguments
 from server.api.schemas import RefusedTopK, MAX_STOPS, TOOL_NAME, object_schema
 
 
@@ -30,6 +31,12 @@ class ToolUseBlock(_Block):
     id: str = Field(min_length=1, max_length=200)
     name: str = Field(pattern=TOOL_NAME.pattern)
     input: dict[str, Any]
+
+    @field_validator("input")
+    @classmethod
+    def _within_bounds(cls, v: dict[str, Any]) -> dict[str, Any]:
+        check_arguments(v, "input")
+        return v
 
 
 class ToolResultBlock(_Block):

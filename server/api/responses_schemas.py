@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from protocol.choices import INT64
+from protocol.nesting import check_arguments
 from server.api.schemas import RefusedTopK, TOOL_NAME, FunctionSpec, ResponseFormat
 
 
@@ -38,6 +39,12 @@ class FunctionCallItem(_Item):
     call_id: str = Field(min_length=1, max_length=200)
     name: str = Field(pattern=TOOL_NAME.pattern)
     arguments: str = Field(max_length=10_000_000)
+
+    @field_validator("arguments")
+    @classmethod
+    def _within_bounds(cls, v: str) -> str:
+        check_arguments(v, "arguments")
+        return v
 
 
 class FunctionCallOutputItem(_Item):

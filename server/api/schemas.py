@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from protocol.choices import INT64
+from protocol.nesting import check_message_calls
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 64
@@ -139,6 +140,14 @@ class ChatCompletionRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
+
+    @field_validator("messages")
+    @classmethod
+    def _calls_within_bounds(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # Parsed once here, so that arguments no template or turn key could read are a 400 naming them.
+        for i, m in enumerate(messages):
+            check_message_calls(m, f"messages[{i}]")
+        return messages
 
     @field_validator("tool_choice")
     @classmethod

@@ -3,7 +3,10 @@
 `POST /v1/runs/{name}/session-jobs` takes `{session_id, reward}` groups, assembles each session's
 trajectory from what was recorded, and submits an ordinary RL job: the same checks before it is
 queued (token ids, model fingerprint), the same token-exact assembly when it trains, the same
-events to follow.
+events to follow. The assembled job is stored with it, and its idempotency key is looked up before
+its sessions: a retry after the sessions are gone (expired or deleted) still answers as the job
+does, and an interrupted job runs again from what it stored. The sessions a job took stay taken
+across a restart (they are stored, server/harness/sessions.py): a session trains once.
 
 Any other path under a session is a 404 that names the session's routes: a harness given a session
 base URL with one path segment too many or too few otherwise gets a bare "Not Found".
@@ -11,24 +14,27 @@ base URL with one path segment too many or too few otherwise gets a bare "Not Fo
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from protocol.jobs import RLJob, SessionJob
-from protocol.trajectory import TrajectoryGroup
+from protocol.jobs import RLJob, ScoredSession, SessionJob
+from protocol.trajectory import Trajectory, TrajectoryGroup
 from server.api.auth import caller, require_api_key
-from server.api.deps import RunDep, SessionId, State, session_error
+from server.api.deps import RunDep, ServerState, SessionId, State, session_error
 from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
-from server.api.training_routes import LeaseChecked, queue_job
+from server.api.training_routes import LeaseChecked, accepted, key_reused, queue_job
 from server.harness.sessions import SessionError
+from server.runs.run import Run
+from server.training.jobs import KeyConflict, body_hash
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))
 
 
-@router.get("/v1/sessions/{session_id}", responses=documented(403, 404))
+@router.get("/v1/sessions/{session_id}", responses=documented(404))
 async def get_session(session_id: SessionId, request: Request, state: State) -> dict[str, Any]:
     try:
         return state.sessions.get(session_id, caller(request)).info()
@@ -36,30 +42,75 @@ async def get_session(session_id: SessionId, request: Request, state: State) -> 
         raise session_error(e)
 
 
-@router.delete("/v1/sessions/{session_id}", responses=documented(403, 404))
+@router.delete("/v1/sessions/{session_id}", responses=documented(404))
 async def delete_session(session_id: SessionId, request: Request, state: State) -> dict[str, Any]:
     try:
-        state.sessions.delete(session_id, caller(request))
+        await asyncio.to_thread(state.sessions.delete, session_id, caller(request))  # it writes the store
     except SessionError as e:
         raise session_error(e)
     return {"deleted": session_id}
 
 
-@router.post("/v1/runs/{name}/session-jobs", status_code=202, responses=documented(403, 404, 409),
+@router.post("/v1/runs/{name}/session-jobs", status_code=202, responses=documented(400, 404, 409),
              dependencies=[LeaseChecked])
 async def submit_session_job(run: RunDep, body: SessionJob, request: Request, state: State) -> dict[str, Any]:
-    owner, groups = caller(request), []
+    """The job under this idempotency key when there is one (its sessions may be gone: expired or
+    deleted), else a new job assembled from the sessions, which it takes."""
+    digest = body_hash(body)
+    try:
+        known = state.jobs.known(run.name, body.idempotency_key, digest)
+    except KeyConflict as e:
+        raise key_reused(e)
+    if known is not None and known.status != "interrupted":
+        return accepted(known, False)
+    if known is not None and (kept := await asyncio.to_thread(state.jobs.kept_request, known.id)) is not None:
+        return await queue_job(state, run, kept, digest, keep_request=True)  # runs again from its stored groups
+    return await _new_session_job(state, run, body, caller(request), digest)
+
+
+async def _new_session_job(state: ServerState, run: Run, body: SessionJob, owner: str, digest: str
+                           ) -> dict[str, Any]:
+    """Take the sessions (none in flight, none another job took), assemble their trajectories and
+    queue the job with them stored; the sessions are given back if it is not queued."""
+    where = {}  # each session's first place in the body, for the field an error names
     for gi, g in enumerate(body.groups):
-        trajectories = []
         for si, s in enumerate(g.sessions):
-            try:
-                trajectories.append(state.sessions.trajectory(s.session_id, owner, s.reward, s.metrics))
-            except SessionError as e:
-                raise APIError(e.status if e.status != 409 else 400, f"groups[{gi}].sessions[{si}]: {e.message}",
-                               param=f"groups[{gi}].sessions[{si}].session_id", code="session_unavailable")
-        groups.append(TrajectoryGroup(trajectories=trajectories, exceptions=g.exceptions, value=g.value,
-                                      metadata={"sessions": [s.session_id for s in g.sessions]}))
-    return await queue_job(state, run, RLJob(groups=groups, config=body.config, idempotency_key=body.idempotency_key))
+            where.setdefault(s.session_id, f"groups[{gi}].sessions[{si}]")
+    try:
+        token = state.sessions.claim(where, owner, lambda holder: _still_holds(state, holder))
+    except SessionError as e:
+        raise _unavailable(e, where)
+    try:
+        groups = [TrajectoryGroup(trajectories=[_trajectory(state, s, owner, where) for s in g.sessions],
+                                  exceptions=g.exceptions, value=g.value,
+                                  metadata={"sessions": [s.session_id for s in g.sessions]}) for g in body.groups]
+        job = RLJob(groups=groups, config=body.config, idempotency_key=body.idempotency_key)
+        answer = await queue_job(state, run, job, digest, keep_request=True)
+    except BaseException:
+        state.sessions.release(token)
+        raise
+    await asyncio.to_thread(state.sessions.settle, token, answer["job_id"])  # it writes the store
+    return answer
+
+
+def _still_holds(state: ServerState, holder: str) -> bool:
+    """Whether the job (or submission under way) that took a session holds it still: a job that
+    failed or was cancelled trained nothing, so its sessions may be submitted again."""
+    job = state.jobs.get(holder)
+    return job is None or job["status"] not in ("failed", "cancelled")
+
+
+def _trajectory(state: ServerState, s: ScoredSession, owner: str, where: dict[str, str]) -> Trajectory:
+    try:
+        return state.sessions.trajectory(s.session_id, owner, s.reward, s.metrics)
+    except SessionError as e:
+        raise _unavailable(e, where)
+
+
+def _unavailable(e: SessionError, where: dict[str, str]) -> APIError:
+    field = where.get(e.session_id or "", "groups")
+    return APIError(e.status, f"{field}: {e.message}", param=f"{field}.session_id" if e.session_id else "groups",
+                    code="session_unavailable")
 
 
 _SESSION_ROUTES = ("POST chat/completions, POST responses, POST messages and GET models under "

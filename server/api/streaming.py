@@ -37,7 +37,7 @@ class Completion:
     stops: list[str]
     include_usage: bool = False
     release: Callable[[], None] = lambda: None  # the lease on the policy, given back once
-    on_choice: Callable[[dict[str, Any]], None] | None = None  # a session's recorder
+    on_choice: Callable[[dict[str, Any]], None] | None = None  # a session's recorder (blocking: run in a thread)
     choices: dict[int, dict[str, Any]] = field(default_factory=dict)  # finished choices, whole
 
     def chunk(self, index: int, delta: dict[str, Any], finish: str | None = None, top: dict[str, Any] | None = None,
@@ -158,7 +158,15 @@ async def chunk_stream(host: Any, c: Completion, disconnected: Callable[[], Any]
                     yield chunk
                 continue
             finished += 1
-            yield _final_chunk(host, c, seq, st)
+            chunk = _final_chunk(host, c, seq, st)
+            if c.on_choice is not None:  # stored before the choice's last chunk goes out
+                try:
+                    await asyncio.to_thread(c.on_choice, c.choices[seq.index])
+                except Exception as exc:
+                    yield {"error": {"message": f"the exchange could not be recorded in its session: {exc}",
+                                     "type": "server_error", "param": None, "code": "session_not_recorded"}}
+                    return
+            yield chunk
     finally:
         if finished < n:
             c.gen.cancelled = True
@@ -175,8 +183,6 @@ def _token_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream
 def _final_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream) -> dict[str, Any]:
     _, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs))
     choice = c.choices[seq.index] = build_choice(host, seq, c.sampling, c.tools_enabled)
-    if c.on_choice is not None:
-        c.on_choice(choice)
     message, finish, malformed = choice["message"], choice["finish_reason"], choice.get("malformed_tool_call", False)
     delta = st.delta(message.get("reasoning_content") or st.sent_reasoning, message.get("content") or "")
     if message.get("tool_calls"):

@@ -24,7 +24,7 @@ from server.runs.run import Run
 from server.store import trajectory_rows
 from server.training import bounds
 from server.training.assemble import AssemblyError, check_submission
-from server.training.jobs import ACTIVE, KeyConflict
+from server.training.jobs import ACTIVE, Job, KeyConflict
 from server.runs.ownership import NameTaken, RunLimit
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
@@ -72,7 +72,7 @@ async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, A
         if isinstance(e, OtherModel):
             raise other_model(str(e)) from None
         if isinstance(e, RunConflict):
-            raise APIError(409, str(e), param="lora", code="run_conflict") from None
+            raise APIError(409, str(e), param=e.param, code=e.code) from None
         if isinstance(e, bounds.TooLarge):  # depends on the runs there are: deleting one can make room
             raise APIError(409, str(e), param="lora.rank", code="insufficient_memory") from None
         if isinstance(e, ValueError):  # settings this model cannot take (target modules it does not have)
@@ -152,8 +152,10 @@ async def submit_job(run: RunDep, state: State, job: JobRequest) -> dict[str, An
     return await queue_job(state, run, job)
 
 
-async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob) -> dict[str, Any]:
-    """Check what only this model can tell about a job, then queue it (once per idempotency key)."""
+async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob, digest: str | None = None,
+                    keep_request: bool = False) -> dict[str, Any]:
+    """Check what only this model can tell about a job, then queue it (once per idempotency key;
+    `digest` and `keep_request` as JobManager.submit's)."""
     try:
         bounds.check_steps(bounds.requested_steps(job), state.jobs.max_optimizer_steps, "asks for")
     except bounds.TooLarge as e:
@@ -164,12 +166,20 @@ async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob) -> dict[s
         except AssemblyError as e:
             raise APIError(400, str(e), param="groups", code="invalid_trajectory")
     try:
-        submitted, created = state.jobs.submit(run, job)
+        # In a thread: hashing and storing a large job's body would hold up every other request.
+        submitted, created = await asyncio.to_thread(state.jobs.submit, run, job, digest, keep_request)
     except KeyConflict as e:
-        raise APIError(409, str(e), param="idempotency_key", code="idempotency_key_reused")
-    # Follow from `after`: a resubmitted job keeps its id, and its earlier attempts' events.
-    return {"job_id": submitted.id, "status": submitted.status, "created": created,
-            "after": submitted.attempt_from - 1}
+        raise key_reused(e)
+    return accepted(submitted, created)
+
+
+def key_reused(e: KeyConflict) -> APIError:
+    return APIError(409, str(e), param="idempotency_key", code="idempotency_key_reused")
+
+
+def accepted(job: Job, created: bool) -> dict[str, Any]:
+    """The 202's body. Follow from `after`: a resubmitted job keeps its id, and its earlier attempts' events."""
+    return {"job_id": job.id, "status": job.status, "created": created, "after": job.attempt_from - 1}
 
 
 def _found(state: ServerState, who: Caller, job_id: str) -> dict[str, Any]:

@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.nesting import MAX_ARGUMENT_DEPTH, nesting_depth
+
 
 def openai_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
@@ -50,10 +52,12 @@ def _call(name: Any, arguments: Any, new_id=openai_call_id) -> ParsedCall | None
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(name, str) or not name or not isinstance(arguments, dict):
         return None
+    if nesting_depth(arguments, MAX_ARGUMENT_DEPTH)[0] > MAX_ARGUMENT_DEPTH:
+        return None  # a request echoing this call back would be refused: it is malformed here too
     try:
         text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):  # not JSON (a Python set, a tuple key, NaN): the call is malformed

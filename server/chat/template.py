@@ -27,11 +27,12 @@ class TemplateError(ValueError):
 def json_arguments(arguments: Any) -> Any:
     """Tool-call arguments as a mapping. OpenAI clients send them as a JSON string; templates
     expect a mapping (Llama's and Mistral's apply `tojson` to it). A string that is not a JSON
-    object stays a string."""
+    object stays a string, and so does one nested past what the parser takes (requests refuse
+    those where they arrive, protocol/nesting.py: this only keeps a render from raising)."""
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return arguments
         return parsed if isinstance(parsed, dict) else arguments
     return arguments

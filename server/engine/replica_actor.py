@@ -52,7 +52,10 @@ class ReplicaActor:
         self._adapters: set[str] = set()
 
     def info(self) -> dict[str, Any]:
-        return {"incarnation": self.incarnation, "pid": os.getpid(), "alive": self.engine.alive,
+        import ray  # only ever imported inside a Ray worker
+
+        return {"incarnation": self.incarnation, "pid": os.getpid(), "node": ray.util.get_node_ip_address(),
+                "alive": self.engine.alive,
                 "adapters": sorted(self._adapters), **self.engine.load}
 
     async def load_adapter(self, name: str, lora_config: Any, state: dict[str, Any]) -> None:

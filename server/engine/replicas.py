@@ -56,6 +56,7 @@ class Replica:
     state: str = "starting"  # starting, up, down (restarting or resyncing)
     incarnation: str | None = None
     pid: int | None = None
+    node: str | None = None  # the address of the Ray node it runs on
     restarts: int = 0
     in_flight: int = 0  # sequences this server has on it
     served: int = 0  # requests it finished
@@ -78,7 +79,10 @@ class ReplicatedEngine:
         runtime_env = {"env_vars": {"PYTHONPATH": root, "OMP_NUM_THREADS": "1"}}
         prefix = f"replica-{uuid.uuid4().hex[:8]}"  # names unique per server on a shared cluster
         one = settings.model_copy(update={"replicas": 1, "gradient_checkpointing": False})
-        self.replicas = [Replica(i, f"{prefix}-{i}", actor.options(name=f"{prefix}-{i}", runtime_env=runtime_env)
+        # SPREAD: on a cluster of several nodes the replicas go to different ones, so one node's loss
+        # leaves the others serving (and each replica gets a node's memory and cores to itself).
+        self.replicas = [Replica(i, f"{prefix}-{i}", actor.options(name=f"{prefix}-{i}", runtime_env=runtime_env,
+                                                                   scheduling_strategy="SPREAD")
                                  .remote(one)) for i in range(settings.replicas)]
         self._adapters: dict[str, tuple[Any, Any]] = {}  # name -> (lora config, ObjectRef of the weights)
         self._adapters_lock = threading.Lock()  # held while any replica's adapter set changes
@@ -99,7 +103,7 @@ class ReplicatedEngine:
                 raise SystemExit(f"engine replica {r.name} did not start within {self.start_timeout:.0f}s (each "
                                  f"replica needs 1 free CPU on the Ray cluster): {type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
-            r.incarnation, r.pid, r.state = info["incarnation"], info["pid"], "up"
+            r.incarnation, r.pid, r.node, r.state = info["incarnation"], info["pid"], info["node"], "up"
         self._loop_thread.start()
         self._monitor.start()
         log.info("%d engine replicas up: %s", len(self.replicas), ", ".join(r.name for r in self.replicas))
@@ -142,7 +146,8 @@ class ReplicatedEngine:
     @property
     def load(self) -> dict[str, Any]:
         return {"running": sum(r.running for r in self.replicas), "waiting": sum(r.waiting for r in self.replicas),
-                "replicas": [{"index": r.index, "name": r.name, "state": r.state, "pid": r.pid, "restarts": r.restarts,
+                "replicas": [{"index": r.index, "name": r.name, "state": r.state, "pid": r.pid, "node": r.node,
+                              "restarts": r.restarts,
                               "in_flight": r.in_flight, "served": r.served, "running": r.running, "waiting": r.waiting}
                              for r in self.replicas]}
 
@@ -182,7 +187,7 @@ class ReplicatedEngine:
             with self._lock:
                 if r.incarnation is not None and r.incarnation != info["incarnation"]:
                     r.restarts += 1
-                r.incarnation, r.pid, r.state = info["incarnation"], info["pid"], "up"
+                r.incarnation, r.pid, r.node, r.state = info["incarnation"], info["pid"], info["node"], "up"
         log.info("replica %s is up (pid %s) with %d adapters", r.name, r.pid, len(adapters))
 
     # ---- the monitor ----------------------------------------------------------------------------

@@ -33,6 +33,19 @@ Misfit = tuple[Literal["model", "settings"], str]  # another model's checkpoint,
 class RunConflict(ValueError):
     """A run of that name exists with other settings (a 409)."""
 
+    param, code = "lora", "run_conflict"  # what the 409 names
+
+
+class NameCaseConflict(RunConflict):
+    """A run's name differs from an existing run's only by case (a 409 naming it): on a case-blind
+    filesystem (macOS, Windows) the two would be one folder, and to a reader they are one name."""
+
+    param, code = "name", "run_name_taken"
+
+    def __init__(self, name: str, existing: str):
+        super().__init__(f"run name {name!r} differs only by case from the existing run {existing!r}; run names "
+                         f"are told apart without case: use {existing!r}, or choose another name")
+
 
 class OtherModel(RunConflict):
     """A run trained on another base model than the one this server serves (a 409 naming both)."""

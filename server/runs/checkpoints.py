@@ -9,6 +9,9 @@ SHA-256 of each weight file, and `damage` says what is wrong with a step before 
 A damaged step is set aside under a name that keeps its number (`damaged-step_N-...`), so the
 number is never given to another step: clients may have sampled from it, exported it, or stored
 its figures.
+
+A disk that cannot take a step's file whole (full, over quota, or a write torch cut short) is one
+error, DiskFull, naming the file and the space left (server/runs/disk_full.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from server.faults import crash_point
+from server.runs.disk_full import DiskFull, ShortWrite, free_bytes, writing
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 _USED_DIR = re.compile(r"^(?:damaged-)?step_(\d{6,})")  # a step's number, kept or set aside
@@ -54,16 +58,11 @@ def write(root: Path, step: int, adapter_state: dict[str, torch.Tensor], optimiz
     tmp = root / f".tmp-{step:06d}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in adapter_state.items()}, str(tmp / "adapter.safetensors"))
-        torch.save(optimizer_state, tmp / "optimizer.pt")
-        sums = {name: _sha256(tmp / name) for name in WEIGHT_FILES}
-        (tmp / "meta.json").write_text(json.dumps({"step": step, **meta, "sha256": sums}, default=str))
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(tmp)
-    except BaseException:  # a full disk or an I/O error: nothing half-written stays behind
+        _write_files(tmp, step, adapter_state, optimizer_state, meta)
+    except BaseException as exc:  # a full disk or an I/O error: nothing half-written stays behind
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, ShortWrite):
+            raise DiskFull(step_dir(root, step) / exc.path.name, free_bytes(root)) from exc.__cause__
         raise
     crash_point("checkpoint_written")
     final = step_dir(root, step)
@@ -73,6 +72,23 @@ def write(root: Path, step: int, adapter_state: dict[str, torch.Tensor], optimiz
     _fsync_dir(root)
     crash_point("checkpoint_renamed")
     return final
+
+
+def _write_files(tmp: Path, step: int, adapter_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
+                 meta: dict[str, Any]) -> None:
+    """The step's three files in `tmp`, fsynced; ShortWrite names the one the disk could not take."""
+    with writing(tmp / "adapter.safetensors"):
+        save_file({k: v.detach().contiguous().cpu() for k, v in adapter_state.items()},
+                  str(tmp / "adapter.safetensors"))
+    with writing(tmp / "optimizer.pt"):
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+    sums = {name: _sha256(tmp / name) for name in WEIGHT_FILES}
+    with writing(tmp / "meta.json"):
+        (tmp / "meta.json").write_text(json.dumps({"step": step, **meta, "sha256": sums}, default=str))
+    for f in tmp.iterdir():
+        with writing(f), open(f, "rb") as fh:  # a filesystem that allocates late says ENOSPC here
+            os.fsync(fh.fileno())
+    _fsync_dir(tmp)
 
 
 def _sha256(path: Path) -> str:

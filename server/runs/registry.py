@@ -15,7 +15,7 @@ from protocol.config import RunSpec
 from server.engine.base import Engine
 from server.model.host import ModelHost, available_memory
 from server.runs import base_models, checkpoints, pins
-from server.runs.base_models import OtherModel, RunConflict, RunRecord
+from server.runs.base_models import NameCaseConflict, OtherModel, RunConflict, RunRecord
 from server.runs.run import Run, adapter_name, lora_config, new_optimizer
 from server.runs.saved_steps import SavedSteps
 from server.runs.served_steps import ServedSteps
@@ -84,6 +84,8 @@ class RunRegistry:
         with self._lock:
             if spec.name in self._deleting:
                 raise RunConflict(f"run {spec.name!r} is being deleted; create it again once that is done")
+            if (twin := self._case_twin(spec.name)) is not None:
+                raise NameCaseConflict(spec.name, twin)
             if (other := self.other_models.get(spec.name)) is not None:
                 raise other.again()
             existing = self._runs.get(spec.name)
@@ -101,6 +103,14 @@ class RunRegistry:
                 raise
             self.problems.pop(spec.name, None)  # an unreadable run.json, written again
             return run, True
+
+    def _case_twin(self, name: str) -> str | None:
+        """A run, here or on disk, whose name differs from `name` only by case, when `name` is new
+        (twins from before this rule stay registrable under their own names)."""
+        names = {*self._runs, *self._deleting, *(p.name for p in self.root.iterdir() if p.is_dir())}
+        if name in names:
+            return None
+        return next((n for n in sorted(names) if n.casefold() == name.casefold()), None)
 
     def run_bytes(self, spec: RunSpec) -> int:
         """What a run's adapter costs at steady state (server/training/bounds.py: BYTES_PER_LORA_PARAM)."""

@@ -13,12 +13,20 @@ class Jobs:
     def __init__(self, db: Database):
         self._db = db
 
-    def put(self, job: dict[str, Any]) -> None:
+    def put(self, job: dict[str, Any], request: str | None = None) -> None:
+        """The job's record, and with it (one transaction) its request when it must be kept (`request`)."""
+        kept = [] if request is None else [("INSERT OR REPLACE INTO job_requests VALUES (?, ?, ?)",
+                                            (job["id"], request, time.time()))]
         self._db.write([("INSERT OR REPLACE INTO jobs (id, run, kind, idempotency_key, status, result, error, created, "
                          "updated, body_hash, attempt_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          (job["id"], job["run"], job["kind"], job["idempotency_key"], job["status"],
                           json.dumps(job.get("result")), job.get("error"), job.get("created", time.time()), time.time(),
-                          job.get("body_hash"), job.get("attempt_from", 0)))])
+                          job.get("body_hash"), job.get("attempt_from", 0))), *kept])
+
+    def request(self, job_id: str) -> str | None:
+        """The request kept with a job (put's `request`), as stored; None when none was."""
+        rows = self._db.rows("SELECT request FROM job_requests WHERE job_id = ?", (job_id,))
+        return rows[0]["request"] if rows else None
 
     def by_key(self, run: str, key: str) -> dict[str, Any] | None:
         rows = self._db.rows("SELECT * FROM jobs WHERE run = ? AND idempotency_key = ?", (run, key))

@@ -33,6 +33,7 @@ class Runs:
         (its idempotency keys, steps and trajectories gone with it)."""
         self._db.write([
             ("DELETE FROM job_events WHERE job_id IN (SELECT id FROM jobs WHERE run = ?)", (name,)),
+            ("DELETE FROM job_requests WHERE job_id IN (SELECT id FROM jobs WHERE run = ?)", (name,)),
             *((f"DELETE FROM {table} WHERE run = ?", (name,)) for table in ("jobs", "trajectories", "attempts", "steps")),
             ("DELETE FROM runs WHERE name = ?", (name,)),
         ])

@@ -41,4 +41,16 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN base_model TEXT;
     ALTER TABLE runs ADD COLUMN base_fingerprint TEXT;
     """,
+    # 6: the request of a job whose body the client cannot send again (a session job's assembled groups:
+    # its sessions may have expired or been deleted), so that the job runs again when resubmitted after a restart
+    """
+    CREATE TABLE job_requests (job_id TEXT PRIMARY KEY, request TEXT, created REAL);
+    """,
+    # 7: recorded sessions (server/harness/sessions.py), so that they outlive a restart until they expire:
+    # each exchange as JSON, token ids and logprobs exactly as sampled; `seq` orders a session's exchanges
+    """
+    CREATE TABLE sessions (owner TEXT, id TEXT, created REAL, touched REAL, taken_by TEXT, PRIMARY KEY (owner, id));
+    CREATE TABLE session_exchanges (owner TEXT, session_id TEXT, seq INTEGER, exchange TEXT,
+                                    PRIMARY KEY (owner, session_id, seq));
+    """,
 ]

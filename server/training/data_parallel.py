@@ -24,8 +24,9 @@ Stop and failure. The job's stop (cancel, time limit) reaches the ranks through 
 thread; a rank that sees it computes no more micro-batches, and the flag in the next all-reduce
 stops every rank at the same point, so none waits in a collective for one that left. A rank that
 dies (or fails to start within START_TIMEOUT) fails the step with TrainProcessFailed; the
-others are killed, the run keeps its last checkpoint (the caller rolls back), and the next step
-starts a new group. There is no fall-back to one process: a step silently trained elsewhere
+others are killed, the run keeps its last checkpoint (the caller rolls back), the job is
+interrupted rather than failed (its resubmission under the same key runs again), and the next
+attempt starts a new group. There is no fall-back to one process: a step silently trained elsewhere
 would hide a broken cluster.
 
 FSDP2, for a base model that does not fit one device: each rank would wrap every decoder block
@@ -54,6 +55,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -105,6 +107,25 @@ def sum_gradients(params: list[torch.nn.Parameter], stopped: bool) -> bool:
     return False
 
 
+def interface_of(address: str) -> str | None:
+    """The name of this machine's network interface that holds `address`."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addresses):
+            return name
+    return None
+
+
+def bind_collectives_to(node_address: str) -> None:
+    """Gloo and NCCL pick their interface from what the hostname resolves to, which is 127.0.0.1 on
+    many machines: each rank would then announce loopback, and a rank on another node dial itself.
+    The interface that holds the Ray node's address is the one the other nodes reach (unless the
+    user chose one)."""
+    interface = interface_of(node_address)
+    if interface is not None:
+        for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(variable, interface)
+
+
 class TrainProcess:
     """One rank (a Ray actor): the base model, a copy of each trained adapter, its share of a step."""
 
@@ -129,6 +150,9 @@ class TrainProcess:
         return ray.util.get_node_ip_address(), port
 
     def join(self, address: str, port: int) -> None:
+        import ray
+
+        bind_collectives_to(ray.util.get_node_ip_address())
         backend = "nccl" if self.host.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=self.rank,
                                 world_size=self.world, timeout=COLLECTIVE_TIMEOUT)
@@ -192,7 +216,8 @@ class DataParallelTrainer:
         actor = ray.remote(num_cpus=1, num_gpus=1 if self.device == "cuda" else 0,
                            max_concurrency=2)(TrainProcess)  # one thread steps, the other takes stop()
         self._starts += 1
-        self.ranks = [actor.options(name=f"{self.name_prefix}{self._starts}-{r}").remote(
+        # SPREAD: a node's accelerators and memory to each rank, as a multi-node job places them.
+        self.ranks = [actor.options(name=f"{self.name_prefix}{self._starts}-{r}", scheduling_strategy="SPREAD").remote(
             r, self.world, self.model_dir, self.device, self.dtype, self.gradient_checkpointing)
             for r in range(self.world)]
         try:

@@ -24,10 +24,11 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from protocol.jobs import TERMINAL_EVENTS, RLJob, SFTJob, TrainResult
+from protocol.jobs import TERMINAL_EVENTS, RLJob, SessionJob, SFTJob, TrainResult
 from protocol.metrics import StepMetrics
 from server.export_queue import ExportQueue
 from server.faults import crash_point
+from server.training.data_parallel import TrainProcessFailed
 from server.runs import checkpoints
 from server.runs.facade import Runs
 from server.runs.run import Run
@@ -45,8 +46,15 @@ class KeyConflict(ValueError):
     """The idempotency key was used for a different submission (a 409)."""
 
 
-def body_hash(request: RLJob | SFTJob) -> str:
-    payload = request.model_dump(mode="json", exclude={"idempotency_key"})
+def body_hash(request: RLJob | SFTJob | SessionJob) -> str:
+    """What makes two submissions under one key the same (a session job: its body as sent, not
+    the groups assembled from its sessions, which expire)."""
+    # Dumped a group at a time and hashed as encoded, chunk by chunk (the digest is json.dumps's):
+    # a large job's body in one C call would hold the interpreter, and so the event loop, for a second.
+    groups = getattr(request, "groups", None)
+    payload = request.model_dump(mode="json", exclude={"idempotency_key", "groups"} if groups else {"idempotency_key"})
+    if groups is not None:
+        payload["groups"] = [g.model_dump(mode="json") for g in groups]
     if isinstance(request, RLJob):
         # A trajectory sent without start_time got the server's clock as its default: that must not
         # make a byte-identical retry (curl, other languages) look like another submission.
@@ -54,7 +62,10 @@ def body_hash(request: RLJob | SFTJob) -> str:
             for t, fields in zip(group.trajectories, sent["trajectories"]):
                 if "start_time" not in t.model_fields_set:
                     fields.pop("start_time")
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+    digest = hashlib.sha256()
+    for chunk in json.JSONEncoder(sort_keys=True).iterencode(payload):
+        digest.update(chunk.encode())
+    return digest.hexdigest()[:32]
 
 
 @dataclass
@@ -161,22 +172,49 @@ class JobManager:
         return job
 
     # ---- submit / follow / cancel ----------------------------------------------------------------
-    def submit(self, run: Run, request: RLJob | SFTJob) -> tuple[Job, bool]:
-        """Returns (job, created). A known key returns its job; an interrupted one runs again."""
-        key, digest = request.idempotency_key or uuid.uuid4().hex, body_hash(request)
+    def known(self, run: str, key: str | None, digest: str) -> Job | None:
+        """The job submitted under `key` to `run`, if any; a KeyConflict when it was another body."""
+        if key is None:
+            return None
         with self._lock:
-            known = next((j for j in self._active.values() if j.run == run.name and j.key == key), None)
-            rec = None if known else self.store.jobs.by_key(run.name, key)
-            if known is None and rec is not None:
-                known = self._from_record(rec)
-            if known is not None and known.body_hash and known.body_hash != digest:
-                raise KeyConflict(f"idempotency key {key!r} was used for a different submission (job {known.id})")
+            return self._known(run, key, digest)
+
+    def _known(self, run: str, key: str, digest: str) -> Job | None:
+        known = next((j for j in self._active.values() if j.run == run and j.key == key), None)
+        rec = None if known else self.store.jobs.by_key(run, key)
+        if known is None and rec is not None:
+            known = self._from_record(rec)
+        if known is not None and known.body_hash and known.body_hash != digest:
+            raise KeyConflict(f"idempotency key {key!r} was used for a different submission (job {known.id})")
+        return known
+
+    def kept_request(self, job_id: str) -> RLJob | None:
+        """The request stored with a job (submit's `keep_request`); None when none was, or it cannot
+        be read back (the store's damage: the job is then as if it had kept none)."""
+        stored = self.store.jobs.request(job_id)
+        if stored is None:
+            return None
+        try:
+            return RLJob.model_validate_json(stored)
+        except ValueError:
+            log.exception("job %s: its stored request cannot be read", job_id)
+            return None
+
+    def submit(self, run: Run, request: RLJob | SFTJob, digest: str | None = None,
+               keep_request: bool = False) -> tuple[Job, bool]:
+        """Returns (job, created). A known key returns its job; an interrupted one runs again.
+        `digest` stands for the body when the request was made from another (a session job's);
+        `keep_request` stores the request with the job, for a body that cannot be sent again."""
+        key, digest = request.idempotency_key or uuid.uuid4().hex, digest or body_hash(request)
+        with self._lock:
+            known = self._known(run.name, key, digest)
             if known is not None and known.status != "interrupted":
                 return known, False
             job = Job(known.id if known else "job-" + uuid.uuid4().hex[:16], run.name, request.kind, key, digest,
                       request=request)
             job.n_events = job.attempt_from = known.n_events if known else 0
-            self.store.jobs.put(job.record())  # first: a store that cannot take it (a full disk) leaves no trace
+            # first: a store that cannot take it (a full disk) leaves no trace
+            self.store.jobs.put(job.record(), request.model_dump_json() if keep_request else None)
             self._active[job.id] = job
         try:
             self._event(job, "queued", {"position": self.queued()})
@@ -313,6 +351,10 @@ class JobManager:
             why = f"StepFailed: {exc}"
             roll_back(self.targets, run, attempt, "failed", why, exc.metrics)
             return self._end(job, "failed", why, "error")
+        except TrainProcessFailed as exc:  # a lost machine's, not the job's: the same key runs it again
+            why = f"{type(exc).__name__}: {exc}"
+            roll_back(self.targets, run, attempt, "failed", why)
+            return self._end(job, "interrupted", why, "interrupted")
         except Exception as exc:
             log.exception("job %s failed", job.id)
             why = f"{type(exc).__name__}: {exc}"

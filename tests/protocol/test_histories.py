@@ -85,10 +85,12 @@ def dumped(history: History | dict[str, Any]) -> dict[str, Any]:
 def session_histories() -> list[dict[str, Any]]:
     """RECORDED through the server's real session recorder and scoring."""
     settings = Settings()
-    sessions = Sessions(ttl=settings.session_ttl, max_sessions=settings.max_sessions,
-                        max_exchanges=settings.session_max_exchanges, max_tokens=settings.session_max_tokens)
+    sessions = Sessions.from_settings(settings)
     for messages, tools, c in RECORDED:
-        sessions.recorder(sessions.open("s", "key"))(messages, tools, c)
+        recording = sessions.recording("s", "key")
+        recording.begin(messages, tools)
+        recording(c)
+        recording.end()
     return [dumped(h) for h in sessions.trajectory("s", "key", reward=1.0).histories()]
 
 

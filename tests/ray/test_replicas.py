@@ -183,3 +183,22 @@ async def test_a_replica_killed_mid_load_loses_no_retried_request_and_comes_back
     raw, ids, lps = _seeded(srv, "replicated")
     params = SamplingParams(temperature=1.0, max_tokens=12, seed=1234, ignore_eos=True)
     assert _replica_answer(victim["name"], raw["prompt_token_ids"], params, STEP_1) == (ids, lps)
+
+
+def test_health_is_degraded_while_a_replica_is_down_and_ok_once_it_is_back(srv):
+    victim = _health(srv.url)["replicas"][1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    down, deadline = [], time.monotonic() + 120
+    while time.monotonic() < deadline:
+        health = _health(srv.url)
+        replica = health["replicas"][1]
+        if replica["state"] != "up":
+            down.append(health)
+        elif replica["pid"] != victim["pid"]:
+            break
+        time.sleep(0.1)
+    assert down and health["replicas"][1]["state"] == "up", "the replica was never seen down and back"
+    for seen in down:  # the other replica serves meanwhile: degraded, not engine_down
+        assert seen["status"] == "degraded", seen
+        assert any(p.startswith("engine replica 1 is down (1 of 2 up)") for p in seen["problems"]), seen
+    assert health["status"] == "ok" and health["problems"] == [], health

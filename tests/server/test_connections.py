@@ -1,9 +1,12 @@
 """Connections that never send a request, against a real server: 22,000 idle one-byte connections
 (more than the server has descriptors for) while a request with a key still answers within 2 s and
-the log stays small; a cap per client address; a deadline for a request's headers."""
+the log stays small; a cap per client address; a deadline for a request's headers. And overload:
+requests past the soft caps (per address, and in all) answered 503 with Retry-After, never a reset
+connection, up to the hard cap on one address's connections."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -176,3 +179,102 @@ def test_a_repeated_warning_is_logged_a_few_times_then_counted():
     assert "repeated 9997 more times" in repeated[-1]
     assert sum("GET /health" in line for line in lines) == 10_000
     assert "another message" in lines
+
+
+# ---- overload: 503 with Retry-After past the soft caps, a closed connection only past the hard one --------
+
+CHAT = {"model": "artisan-tiny", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+
+
+async def _chat_at_once(url: str, n: int, max_tokens: int, sources: tuple[str, ...] = ("127.0.0.1",)) -> list:
+    """`n` chat requests sent together, from `sources` in turn, each on a connection of its own: the
+    responses, or the transport error a request got instead (a reset or closed connection)."""
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+    clients = [httpx.AsyncClient(base_url=url, timeout=300, headers={"Authorization": f"Bearer {KEY}"},
+                                 transport=httpx.AsyncHTTPTransport(local_address=source, limits=limits))
+               for source in sources]
+
+    async def one(i: int) -> httpx.Response | Exception:
+        try:
+            return await clients[i % len(clients)].post("/v1/chat/completions", json={**CHAT, "max_tokens": max_tokens})
+        except httpx.TransportError as e:
+            return e
+
+    try:
+        return await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+def _outcome(r: httpx.Response | Exception) -> str:
+    if isinstance(r, Exception):
+        return "reset"
+    if r.status_code == 503 and int(r.headers.get("retry-after", "0")) >= 1:
+        return "503"
+    return str(r.status_code)
+
+
+def _tally(responses: list) -> dict[str, int]:
+    tally: dict[str, int] = {}
+    for r in responses:
+        tally[_outcome(r)] = tally.get(_outcome(r), 0) + 1
+    return tally
+
+
+def _shed(responses: list) -> list[dict]:
+    """The errors of the requests answered 503, each checked to be the API's error shape."""
+    errors = []
+    for r in responses:
+        if _outcome(r) == "503":
+            assert r.headers["content-type"].startswith("application/json") and r.headers["connection"] == "close"
+            body = r.json()
+            assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+            assert body["error"]["code"] == "overloaded" and body["error"]["type"] == "server_overloaded", body
+            errors.append(body["error"])
+    return errors
+
+
+async def test_300_requests_at_once_from_one_address_are_answered_not_reset(fresh_server):
+    # Default flags: more than the 256 connections one address could hold before.
+    srv = fresh_server(api_key=KEY)
+    tally = _tally(await _chat_at_once(srv.url, 300, max_tokens=1))
+    assert set(tally) <= {"200", "503"} and tally.get("200", 0) >= 1, tally
+
+
+async def test_requests_past_one_addresses_soft_cap_get_503_with_retry_after(fresh_server):
+    srv = fresh_server(api_key=KEY, extra=["--max-requests-per-ip", "2"])
+    responses = await _chat_at_once(srv.url, 16, max_tokens=24)
+    tally = _tally(responses)
+    assert set(tally) == {"200", "503"}, tally  # both, and nothing else: no reset, no other status
+    assert all("--max-requests-per-ip" in e["message"] for e in _shed(responses))
+    # The cap counts requests in flight: once they are answered, the address is served again.
+    [again] = await _chat_at_once(srv.url, 1, max_tokens=1)
+    assert _outcome(again) == "200"
+
+
+async def test_requests_past_the_servers_soft_cap_get_503_from_every_address(fresh_server):
+    srv = fresh_server(api_key=KEY, extra=["--max-requests", "3"])
+    responses = await _chat_at_once(srv.url, 16, max_tokens=24, sources=tuple(f"127.0.4.{i}" for i in range(1, 9)))
+    tally = _tally(responses)
+    assert set(tally) == {"200", "503"}, tally
+    assert all("--max-requests" in e["message"] and "-per-ip" not in e["message"] for e in _shed(responses))
+
+
+async def test_connections_past_one_addresses_hard_cap_are_closed_unanswered(fresh_server):
+    srv = fresh_server(api_key=KEY, extra=["--max-requests-per-ip", "2", "--max-connections-per-ip", "6",
+                                           "--header-timeout", "120"])
+    holder = _hold(srv.port, 6, ["127.0.0.9"])  # six connections waiting for their headers: the cap
+    try:
+        assert json.loads(holder.stdout.readline()) == {"opened": 6, "failed": 0}
+        time.sleep(0.5)
+        [over] = await _chat_at_once(srv.url, 1, max_tokens=1, sources=("127.0.0.9",))
+        assert _outcome(over) == "reset", over
+        [other] = await _chat_at_once(srv.url, 1, max_tokens=1, sources=("127.0.0.10",))
+        assert _outcome(other) == "200"
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    time.sleep(0.5)
+    [after] = await _chat_at_once(srv.url, 1, max_tokens=1, sources=("127.0.0.9",))
+    assert _outcome(after) == "200"  # the held connections gone, the address is served again

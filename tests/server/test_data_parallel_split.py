@@ -2,6 +2,7 @@
 minibatch's micro-batches are dealt to ranks, how the ranks' figures add up to the step's, and
 that a step's token loss travels to a training process."""
 
+import os
 import pickle
 import subprocess
 import sys
@@ -99,3 +100,17 @@ def test_one_training_process_trains_in_the_server_process_without_ray():
             "assert 'ray' not in sys.modules and 'server.training.data_parallel' not in sys.modules")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.unit
+def test_collectives_bind_to_the_interface_of_the_nodes_address(monkeypatch):
+    from server.training.data_parallel import bind_collectives_to, interface_of
+
+    assert interface_of("127.0.0.1") == "lo" and interface_of("203.0.113.9") is None
+    for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(variable, raising=False)
+    bind_collectives_to("127.0.0.1")
+    assert (os.environ["GLOO_SOCKET_IFNAME"], os.environ["NCCL_SOCKET_IFNAME"]) == ("lo", "lo")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's choice stands
+    bind_collectives_to("127.0.0.1")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"

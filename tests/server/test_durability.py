@@ -16,6 +16,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -213,6 +214,33 @@ async def test_a_full_disk_fails_that_job_keeps_the_trainer_and_shows_on_health(
         srv.stop()
 
 
+async def test_an_optimizer_state_torch_cuts_short_is_one_named_error_and_degrades_health(small_disk, tmp_path):
+    """The probe's case (issue 36 M4): room for the adapter, not for its optimizer state, which
+    torch.save cuts short with only "unexpected pos ..."; /health stayed ok."""
+    srv = ServerProcess(small_disk / "data")
+    srv.log_path = tmp_path / "server.log"
+    srv.start()
+    try:
+        model = await TrainableModel(RUN).register(srv.url)
+        groups = with_rewards(await demo_groups(model, 2, 3, seed=31), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
+        _fill(small_disk, leave=1_200_000)  # the adapter (0.6 MB) fits; its optimizer state (1.2 MB) does not
+        with pytest.raises(ServerError) as failed:
+            await model.train(groups, CONFIG, idempotency_key="short")
+        failure, written = str(failed.value), _checkpoint(small_disk / "data", 1) / "optimizer.pt"
+        assert f"DiskFull: the disk is full: {written} could not be written whole (" in failure, failure
+        assert "unexpected pos" not in failure and "\n" not in failure
+        health = get_json(srv.url, "/health")
+        assert health["status"] == "degraded", health
+        assert [p for p in health["problems"] if "DiskFull" in p and str(written) in p], health
+        assert await model.get_step() == 0
+        assert not list((small_disk / "data" / "runs" / RUN / "checkpoints").glob(".tmp-*"))  # no partial files
+        (small_disk / "filler").unlink()
+        assert (await model.train(groups, CONFIG, idempotency_key="after")).step == 1
+        assert get_json(srv.url, "/health")["status"] == "ok"  # a later write that succeeded
+    finally:
+        srv.stop()
+
+
 async def test_a_submission_to_a_full_disk_is_a_503_and_is_not_kept(small_disk, tmp_path):
     srv = ServerProcess(small_disk / "data")
     srv.log_path = tmp_path / "server.log"
@@ -264,11 +292,11 @@ async def test_a_store_that_fails_around_a_committed_step_neither_refuses_the_jo
             raise full()
         return put_event(job_id, seq, type_, data)
 
-    def refuse_succeeded(record):
+    def refuse_succeeded(record, *kept):  # kept: the job's request, where the store keeps it too
         if record["status"] == "succeeded" and "succeeded" not in refused:
             refused.append("succeeded")
             raise full()
-        return put_job(record)
+        return put_job(record, *kept)
 
     store.jobs.put_event, store.jobs.put = refuse_queued, refuse_succeeded
     with ServedApp(app, log_level="critical") as served:
@@ -300,3 +328,19 @@ def test_only_a_disk_that_refuses_writes_is_a_storage_failure():
     assert storage_failure(full)
     assert storage_failure(OSError(28, "No space left on device"))
     assert storage_failure(RuntimeError("safetensors: No space left on device (os error 28)"))
+
+
+@pytest.mark.unit
+def test_every_way_a_disk_cuts_a_write_short_is_out_of_space():
+    from server.runs.disk_full import DiskFull, out_of_space
+    from server.store import storage_failure
+
+    assert out_of_space(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 497728 vs 497620"))
+    assert out_of_space(RuntimeError("safetensors: No space left on device (os error 28)"))
+    assert out_of_space(OSError(122, "Disk quota exceeded"))
+    assert not out_of_space(RuntimeError("size mismatch for lora_A"))
+    assert not out_of_space(OSError(13, "Permission denied"))
+    full = DiskFull(Path("/data/runs/r/checkpoints/step_000001/optimizer.pt"), 1_234_567)
+    assert storage_failure(full)
+    assert str(full).startswith("the disk is full: /data/runs/r/checkpoints/step_000001/optimizer.pt could not be "
+                                "written whole (1,234,567 bytes free")

@@ -115,13 +115,14 @@ async def test_a_session_belongs_to_its_key_and_trains_from_what_was_recorded(sr
                        json={**body, "seed": seed}, timeout=60)
         assert r.status_code == 200, r.text
     assert http.get("/v1/sessions/owned-a").json()["exchanges"] == 1
-    thief = {"Authorization": f"Bearer {KEYS[1]}"}
-    r = httpx.post(f"{srv.url}/v1/sessions/owned-a/chat/completions", headers=thief, timeout=60, json=body)
-    assert _error(r, 403)["param"] == "session_id"
-    assert httpx.get(f"{srv.url}/v1/sessions/owned-a", headers=thief).status_code == 403
+    other = {"Authorization": f"Bearer {KEYS[1]}"}  # ids are per key: to it, another key's id is a new session
+    assert httpx.get(f"{srv.url}/v1/sessions/owned-a", headers=other).status_code == 404
+    r = httpx.post(f"{srv.url}/v1/sessions/owned-a/chat/completions", headers=other, timeout=60, json=body)
+    assert r.status_code == 200, r.text
+    assert http.get("/v1/sessions/owned-a").json()["exchanges"] == 1  # not recorded into the first key's
     jobs = {"groups": [{"sessions": [{"session_id": "owned-a", "reward": 0}, {"session_id": "owned-b", "reward": 1}]}]}
-    r = httpx.post(f"{srv.url}/v1/runs/{model_name}/session-jobs", headers=thief, json=jobs, timeout=60)
-    assert _error(r, 403)["param"] == "groups[0].sessions[0].session_id"
+    r = httpx.post(f"{srv.url}/v1/runs/{model_name}/session-jobs", headers=other, json=jobs, timeout=60)
+    assert _error(r, 404)["param"] == "groups[0].sessions[1].session_id"  # its own owned-a, and no owned-b
     r = http.post(f"/v1/runs/{model_name}/session-jobs", json={"groups": [{"sessions": [
         {"session_id": "never-used", "reward": 0}]}]})
     assert _error(r, 404)["param"] == "groups[0].sessions[0].session_id"
@@ -132,29 +133,38 @@ async def test_a_session_belongs_to_its_key_and_trains_from_what_was_recorded(sr
     assert m.trained_choices == m.choices == 2 and m.prompt_mismatches == 0
 
 
+def _recorded(sessions: Sessions, sid: str, owner: str, choice: dict) -> None:
+    recording = sessions.recording(sid, owner)
+    recording.begin([{"role": "user", "content": "hi"}], None)
+    recording(choice)
+    recording.end()
+
+
 def test_sessions_are_bounded_and_expire():
     now = [0.0]
-    sessions = Sessions(ttl=10, max_sessions=2, max_exchanges=2, max_tokens=Settings().session_max_tokens,
-                        clock=lambda: now[0])
+    defaults = Settings()
+    sessions = Sessions(ttl=10, max_sessions=3, max_per_key=2, max_exchanges=2, max_tokens=defaults.session_max_tokens,
+                        max_bytes=defaults.session_max_bytes, clock=lambda: now[0])
     choice = {"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop", "token_ids": [1],
               "sampling": {"prompt_len": 3}}
     for _ in range(2):
-        sessions.recorder(sessions.open("a", "k"))([{"role": "user", "content": "hi"}], None, choice)
+        _recorded(sessions, "a", "k", choice)
     with pytest.raises(SessionError) as full:
-        sessions.open("a", "k")
+        sessions.recording("a", "k").begin([], None)
     assert full.value.status == 409 and "full" in full.value.message
-    sessions.open("b", "k")
+    _recorded(sessions, "b", "k", choice)
     with pytest.raises(SessionError) as many:
-        sessions.open("c", "k")
-    assert many.value.status == 429
-    with pytest.raises(SessionError) as theirs:
-        sessions.open("b", "someone else")
-    assert theirs.value.status == 403
+        sessions.recording("c", "k").begin([], None)
+    assert many.value.status == 429 and "this key" in many.value.message  # the key's count
+    _recorded(sessions, "b", "someone else", choice)  # their own "b"
+    with pytest.raises(SessionError) as all_:
+        sessions.recording("c", "a third").begin([], None)
+    assert all_.value.status == 429 and "this server" in all_.value.message  # the server's count
     now[0] = 11.0
     with pytest.raises(SessionError) as gone:
         sessions.get("a", "k")
     assert gone.value.status == 404
-    sessions.open("c", "k")  # the expired ones made room
+    _recorded(sessions, "c", "k", choice)  # the expired ones made room
 
 
 NEW_ROUTES = ("/v1/responses", "/v1/messages", "/v1/sessions/")

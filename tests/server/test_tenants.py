@@ -174,6 +174,41 @@ def test_ownership_outlives_a_restart(tenants):
         assert alice.get("/v1/runs/alice-run").status_code == 200
 
 
+def test_a_run_name_that_differs_only_by_case_is_refused_naming_the_run(tenants):
+    srv, _ = tenants
+    with _client(srv, ALICE) as alice, _client(srv, ADMIN) as admin:
+        for client, name, existing in ((alice, "Alice-Run", "alice-run"), (admin, "BOB-RUN", "bob-run")):
+            r = client.post("/v1/runs", json={"name": name})
+            assert r.status_code == 409, r.text
+            error = r.json()["error"]
+            assert (error["code"], error["param"]) == ("run_name_taken", "name")
+            assert f"differs only by case from the existing run '{existing}'" in error["message"]
+            assert client.get(f"/v1/runs/{name}").status_code == 404
+        assert alice.post("/v1/runs", json={"name": "alice-run"}).json()["created"] is False  # its own name: as before
+
+
+async def test_health_without_an_admin_key_counts_problems_and_names_no_run_or_path(fresh_server, tmp_path):
+    keys, data = tmp_path / "tenants", tmp_path / "data"
+    keys.write_text(f"alice={ALICE}\n")
+    srv = fresh_server(data_dir=data, api_key=ADMIN, extra=["--tenant-keys", str(keys)])
+    await TrainableModel("secret-run", lora={"rank": 8}).register(srv.url, api_key=ADMIN)
+    srv.stop()
+    (data / "runs" / "secret-run" / "run.json").write_text("{not json")
+    srv.start()
+    for headers in ({}, {"Authorization": f"Bearer {ALICE}"}, {"Authorization": "Bearer wrong"}):
+        r = httpx.get(srv.url + "/health", headers=headers, timeout=30)
+        assert r.status_code == 200 and r.json()["status"] == "degraded", r.text
+        assert r.json()["problems"] == ["1 problem; /health with an admin key names them (so does the server's log)"]
+        assert "secret-run" not in r.text and str(tmp_path) not in r.text, r.text
+    with _client(srv, ADMIN) as admin:
+        assert "run secret-run: its run.json cannot be read" in " ".join(admin.get("/health").json()["problems"])
+        # registered again with a rank its checkpoint contradicts: a 409 naming both; the run stays its own
+        wrong = admin.post("/v1/runs", json={"name": "secret-run", "lora": {"rank": 4}})
+        assert wrong.status_code == 409 and "LoRA rank 8, not 4" in wrong.json()["error"]["message"], wrong.text
+        assert admin.post("/v1/runs", json={"name": "secret-run", "lora": {"rank": 8}}).status_code == 200
+        assert admin.get("/health").json()["status"] == "ok"
+
+
 def test_tenant_keys_file_mistakes_are_one_line(tmp_path):
     import subprocess
     import sys
