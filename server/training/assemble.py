@@ -121,6 +121,11 @@ class Cancelled(Exception):
     between micro-batches in optimisation); the step is abandoned, not committed."""
 
 
+class Interrupted(RuntimeError):
+    """The step was cut short by what the job could not help (a training process lost with its
+    machine): it is abandoned, not committed, and the same job may run again."""
+
+
 @dataclass
 class _Prompt:
     """A turn's prompt: the first `length` ids of `ids`, which is the whole history's render when

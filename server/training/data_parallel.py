@@ -61,7 +61,7 @@ import torch.distributed as dist
 
 from server.model.host import ModelHost
 from server.runs.run import new_optimizer
-from server.training.assemble import TrainSequence
+from server.training.assemble import Interrupted, TrainSequence
 from server.training.optimize import Cancelled, OptimizeStats, OptimPlan, Shard, TokenLoss, optimize
 
 log = logging.getLogger("artisan.data_parallel")
@@ -69,7 +69,7 @@ START_TIMEOUT = 300.0  # seconds for the training processes to be placed and loa
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # a rank stuck in a collective this long fails it
 
 
-class TrainProcessFailed(RuntimeError):
+class TrainProcessFailed(Interrupted):
     """A data-parallel training process died or could not start: the step is not applied."""
 
 

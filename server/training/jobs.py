@@ -28,13 +28,12 @@ from protocol.jobs import TERMINAL_EVENTS, RLJob, SessionJob, SFTJob, TrainResul
 from protocol.metrics import StepMetrics
 from server.export_queue import ExportQueue
 from server.faults import crash_point
-from server.training.data_parallel import TrainProcessFailed
 from server.runs import checkpoints
 from server.runs.facade import Runs
 from server.runs.run import Run
 from server.store import Store, storage_failure
 from server.training import steps
-from server.training.assemble import Cancelled
+from server.training.assemble import Cancelled, Interrupted
 from server.training.commit import Attempt, CommitTargets, commit_step, roll_back
 from server.training.optimize import optimize
 
@@ -351,7 +350,7 @@ class JobManager:
             why = f"StepFailed: {exc}"
             roll_back(self.targets, run, attempt, "failed", why, exc.metrics)
             return self._end(job, "failed", why, "error")
-        except TrainProcessFailed as exc:  # a lost machine's, not the job's: the same key runs it again
+        except Interrupted as exc:  # a lost machine's, not the job's: the same key runs it again
             why = f"{type(exc).__name__}: {exc}"
             roll_back(self.targets, run, attempt, "failed", why)
             return self._end(job, "interrupted", why, "interrupted")
