@@ -58,6 +58,27 @@ def connection_cap(fd_limit: int) -> int:
     return max(64, fd_limit - RESERVED_FDS)
 
 
+class Tally:
+    """A count per client address, and their sum."""
+
+    def __init__(self) -> None:
+        self.by_address: Counter[str] = Counter()
+        self.total = 0
+
+    def __getitem__(self, address: str) -> int:
+        return self.by_address[address]
+
+    def add(self, address: str) -> None:
+        self.by_address[address] += 1
+        self.total += 1
+
+    def remove(self, address: str) -> None:
+        self.total -= 1
+        self.by_address[address] -= 1
+        if self.by_address[address] <= 0:
+            del self.by_address[address]
+
+
 class ConnectionGuard:
     """Open connections, per address and in all, and those still waiting to send their headers
     (oldest first): the hard caps. Requests in flight, per address and in all: the soft caps. One
@@ -67,53 +88,42 @@ class ConnectionGuard:
                  max_requests: int):
         self.per_ip, self.header_timeout, self.max_connections = per_ip, header_timeout, max_connections
         self.requests_per_ip, self.max_requests = requests_per_ip, max_requests
-        self.per_address: Counter[str] = Counter()
-        self.total = 0
+        self.connections, self.requests = Tally(), Tally()
         self.waiting: dict[Any, None] = {}  # protocols waiting for headers, in the order they started waiting
         self.dropped = Counter()  # why connections were closed: per_ip, full, header_timeout
-        self.in_flight_per_address: Counter[str] = Counter()
-        self.in_flight = 0
         self.shed = Counter()  # why requests were answered 503: per_ip, full
 
     def admit(self, address: str) -> bool:
         """Count a new connection in, or say it must be dropped."""
-        if self.per_address[address] >= self.per_ip:
+        if self.connections[address] >= self.per_ip:
             self.dropped["per_ip"] += 1
             return False
-        if self.total >= self.max_connections:
+        if self.connections.total >= self.max_connections:
             if not self.waiting:
                 self.dropped["full"] += 1
                 return False
             oldest = next(iter(self.waiting))
             self.dropped["full"] += 1
             oldest.drop()
-        self.per_address[address] += 1
-        self.total += 1
+        self.connections.add(address)
         return True
 
     def leave(self, address: str) -> None:
-        self.total -= 1
-        self.per_address[address] -= 1
-        if self.per_address[address] <= 0:
-            del self.per_address[address]
+        self.connections.remove(address)
 
     def start_request(self, address: str) -> str | None:
         """Count a request in, or say (to its client) why it is answered 503."""
-        if self.in_flight_per_address[address] >= self.requests_per_ip:
+        if self.requests[address] >= self.requests_per_ip:
             self.shed["per_ip"] += 1
             return f"{self.requests_per_ip} requests from this address are in flight (--max-requests-per-ip)"
-        if self.in_flight >= self.max_requests:
+        if self.requests.total >= self.max_requests:
             self.shed["full"] += 1
             return f"{self.max_requests} requests are in flight (--max-requests)"
-        self.in_flight_per_address[address] += 1
-        self.in_flight += 1
+        self.requests.add(address)
         return None
 
     def end_request(self, address: str) -> None:
-        self.in_flight -= 1
-        self.in_flight_per_address[address] -= 1
-        if self.in_flight_per_address[address] <= 0:
-            del self.in_flight_per_address[address]
+        self.requests.remove(address)
 
 
 def guard_of(settings: Settings, fd_limit: int) -> ConnectionGuard:

@@ -20,9 +20,9 @@ import signal
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from client.local_server import ROOT
+
 VENV_BIN = ROOT / ".venv" / "bin"
 SUBNET = "10.77.0"
 SWITCH_ADDRESS = f"{SUBNET}.254"

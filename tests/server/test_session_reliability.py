@@ -41,6 +41,17 @@ def _job(sids: list[str], key: str | None = None) -> dict:
     return {**body, "idempotency_key": key} if key else body
 
 
+def _submit(url: str, run: str, sids: list[str], key: str, api_key: str = "") -> httpx.Response:
+    """A session job of one group of these sessions, under idempotency key `key`."""
+    return httpx.post(f"{url}/v1/runs/{run}/session-jobs", headers=_auth(api_key), json=_job(sids, key), timeout=60)
+
+
+def _record_each(url: str, run: str, sids: tuple[str, ...]) -> None:
+    """One exchange in each session, each sampled with a seed of its own."""
+    for seed, sid in enumerate(sids):
+        assert _record(url, "", sid, _say(run, seed=seed)).status_code == 200
+
+
 def _wait(url: str, key: str, job_id: str, timeout: float = 300) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -58,19 +69,18 @@ async def test_a_session_job_retried_after_a_restart_answers_as_its_stored_job(f
     data = tmp_path / "data"
     srv = fresh_server(data_dir=data)
     run = (await TrainableModel("sessions-restart").register(srv.url)).name
-    for seed, sid in enumerate(("r-a", "r-b")):
-        assert _record(srv.url, "", sid, _say(run, seed=seed)).status_code == 200
-    first = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", json=_job(["r-a", "r-b"], "once"), timeout=60)
+    _record_each(srv.url, run, ("r-a", "r-b"))
+    first = _submit(srv.url, run, ["r-a", "r-b"], "once")
     assert first.status_code == 202, first.text
     assert _wait(srv.url, "", first.json()["job_id"])["status"] == "succeeded"
     srv.stop()
 
     srv = fresh_server(data_dir=data)  # the job is stored, and so are the sessions it took
-    again = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", json=_job(["r-a", "r-b"], "once"), timeout=60)
+    again = _submit(srv.url, run, ["r-a", "r-b"], "once")
     assert again.status_code == 202, again.text
     assert again.json()["job_id"] == first.json()["job_id"] and again.json()["created"] is False
     assert again.json()["status"] == "succeeded"
-    other = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", json=_job(["r-a"], "once"), timeout=60)
+    other = _submit(srv.url, run, ["r-a"], "once")
     assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_key_reused", other.text
 
 
@@ -78,10 +88,9 @@ async def test_a_session_job_killed_mid_step_trains_again_from_its_stored_groups
     data = tmp_path / "data"
     srv = fresh_server(data_dir=data, env={"ARTISAN_CRASH_AT": "step_start"})
     run = (await TrainableModel("sessions-crash").register(srv.url)).name
-    for seed, sid in enumerate(("c-a", "c-b")):
-        assert _record(srv.url, "", sid, _say(run, seed=seed)).status_code == 200
+    _record_each(srv.url, run, ("c-a", "c-b"))
     try:
-        first = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", json=_job(["c-a", "c-b"], "crashy"), timeout=60)
+        first = _submit(srv.url, run, ["c-a", "c-b"], "crashy")
         assert first.status_code == 202, first.text
     except httpx.TransportError:  # the server may die before its answer is out: the client only knows its key
         first = None
@@ -89,7 +98,7 @@ async def test_a_session_job_killed_mid_step_trains_again_from_its_stored_groups
     srv.stop()
 
     srv = fresh_server(data_dir=data)
-    again = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", json=_job(["c-a", "c-b"], "crashy"), timeout=60)
+    again = _submit(srv.url, run, ["c-a", "c-b"], "crashy")
     assert again.status_code == 202, again.text
     job_id = again.json()["job_id"]
     assert first is None or first.json()["job_id"] == job_id
@@ -99,7 +108,7 @@ async def test_a_session_job_killed_mid_step_trains_again_from_its_stored_groups
     done = _wait(srv.url, "", job_id)
     assert done["status"] == "succeeded", done
     assert done["result"]["step"] == 1 and done["result"]["metrics"]["trained_choices"] == 2
-    twice = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", json=_job(["c-a", "c-b"], "crashy"), timeout=60)
+    twice = _submit(srv.url, run, ["c-a", "c-b"], "crashy")
     assert twice.json()["job_id"] == job_id and twice.json()["created"] is False  # trained once
 
 
@@ -158,7 +167,7 @@ async def test_recorded_sessions_survive_a_restart_and_train_token_exactly(fresh
         r = _get(srv, "", sid)
         assert r.status_code == 200, r.text
         assert r.json() == info  # the same exchanges, tokens, bytes and times
-    job = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", json=_job(["kept-a", "kept-b"], "after"), timeout=60)
+    job = _submit(srv.url, run, ["kept-a", "kept-b"], "after")
     assert job.status_code == 202, job.text
     done = _wait(srv.url, "", job.json()["job_id"])
     assert done["status"] == "succeeded", done
@@ -170,9 +179,8 @@ async def test_a_session_trained_before_a_restart_is_refused_after_it(fresh_serv
     data = tmp_path / "data"
     srv = fresh_server(data_dir=data)
     run = (await TrainableModel("sessions-trained-once").register(srv.url)).name
-    for seed, sid in enumerate(("once-a", "once-b")):
-        assert _record(srv.url, "", sid, _say(run, seed=seed)).status_code == 200
-    first = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", json=_job(["once-a", "once-b"], "first"), timeout=60)
+    _record_each(srv.url, run, ("once-a", "once-b"))
+    first = _submit(srv.url, run, ["once-a", "once-b"], "first")
     assert first.status_code == 202, first.text
     job_id = first.json()["job_id"]
     assert _wait(srv.url, "", job_id)["status"] == "succeeded"
@@ -181,7 +189,7 @@ async def test_a_session_trained_before_a_restart_is_refused_after_it(fresh_serv
 
     srv = fresh_server(data_dir=data)
     assert _get(srv, "", "once-a").json()["trained_by"] == job_id
-    again = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", json=_job(["once-b", "once-a"], "second"), timeout=60)
+    again = _submit(srv.url, run, ["once-b", "once-a"], "second")
     assert again.status_code == 409, again.text
     assert job_id in again.json()["error"]["message"]  # a session trains once, restart or not
     assert _record(srv.url, "", "once-a", _say(run, "more")).status_code == 409  # and records no more
@@ -191,8 +199,7 @@ async def test_expired_and_damaged_sessions_are_dropped_at_start_and_the_rest_se
     data = tmp_path / "data"
     srv = fresh_server(data_dir=data)
     run = (await TrainableModel("sessions-damaged").register(srv.url)).name
-    for seed, sid in enumerate(("old", "broken", "fine")):
-        assert _record(srv.url, "", sid, _say(run, seed=seed)).status_code == 200
+    _record_each(srv.url, run, ("old", "broken", "fine"))
     fine = _get(srv, "", "fine").json()
     srv.stop()
 
@@ -369,14 +376,11 @@ async def test_a_session_job_refuses_exchanges_in_flight_and_sessions_trained_be
             assert "m7-b" in r.json()["error"]["message"] and "m7-a" not in r.json()["error"]["message"]
             async for _ in lines:
                 pass
-    first = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", headers=headers, json=_job(["m7-a", "m7-b"], "m7"),
-                       timeout=60)
+    first = _submit(srv.url, run, ["m7-a", "m7-b"], "m7", KEYS[0])
     assert first.status_code == 202, first.text
-    same = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", headers=headers, json=_job(["m7-a", "m7-b"], "m7"),
-                      timeout=60)
+    same = _submit(srv.url, run, ["m7-a", "m7-b"], "m7", KEYS[0])
     assert same.json()["job_id"] == first.json()["job_id"]  # the same key is the same job
-    again = httpx.post(f"{srv.url}/v1/runs/{run}/session-jobs", headers=headers,
-                       json=_job(["m7-b", "m7-a"], "m7-again"), timeout=60)
+    again = _submit(srv.url, run, ["m7-b", "m7-a"], "m7-again", KEYS[0])
     assert again.status_code == 409, again.text
     assert first.json()["job_id"] in again.json()["error"]["message"]
     assert _wait(srv.url, KEYS[0], first.json()["job_id"])["status"] == "succeeded"

@@ -25,14 +25,13 @@ import pytest
 from openai import APIConnectionError, APIStatusError, AsyncOpenAI
 
 from client import ServerError, TrainConfig, TrainableModel
-from client.local_server import free_port
+from client.local_server import ROOT, free_port
 from conftest import ServerProcess
 from tests.helpers import demo_groups, get_json, train_command, with_rewards
 
 KILLS = int(os.environ.get("ARTISAN_SIGKILL_KILLS", "0"))
 pytestmark = pytest.mark.skipif(KILLS == 0, reason="the SIGKILL loop: make test-sigkill (ARTISAN_SIGKILL_KILLS=20)")
 CONFIG = TrainConfig(learning_rate=1e-3)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Restarts:
@@ -60,19 +59,29 @@ class Restarts:
     def stop(self) -> None:
         self.srv.stop()
 
+    def drive(self, client: Callable[[threading.Event], Awaitable[None]]) -> None:
+        """`client(killing)` in a thread of its own while the server is killed; it trains until
+        `killing` is cleared, then a step or two more. It must end well within 10 minutes of the
+        last kill, and live through all of them."""
+        killing, errors = threading.Event(), []
+        killing.set()
 
-def in_thread(go: Callable[[], Awaitable[None]]) -> tuple[threading.Thread, list[BaseException]]:
-    errors: list[BaseException] = []
+        def target() -> None:
+            try:
+                asyncio.run(client(killing))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
 
-    def target() -> None:
+        worker = threading.Thread(target=target, daemon=True)
+        worker.start()
         try:
-            asyncio.run(go())
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, errors
+            self.kill_while(worker.is_alive)
+        finally:
+            killing.clear()
+        worker.join(timeout=600)
+        assert not worker.is_alive(), "the client did not finish within 10 minutes of the last kill"
+        assert not errors, errors
+        assert self.kills == KILLS, f"the client stopped after {self.kills} kills"
 
 
 async def until_trained(submit: Callable[[], Awaitable], key: str, resubmitted: list[str]):
@@ -106,10 +115,9 @@ async def test_random_sigkills_keep_every_completed_step_and_train_each_key_once
     server = Restarts(tmp_path, seed=0)
     model = await TrainableModel("killed").register(server.url)
     groups = with_rewards(await demo_groups(model, 2, 3, seed=5), [[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
-    results, resubmitted, killing = [], [], threading.Event()
-    killing.set()
+    results, resubmitted = [], []
 
-    async def client() -> None:
+    async def client(killing: threading.Event) -> None:
         model = await TrainableModel("killed", retry_seconds=300).register(server.url)
         i = 0
         while killing.is_set() or i < 2:  # at least two steps after the last kill
@@ -118,19 +126,12 @@ async def test_random_sigkills_keep_every_completed_step_and_train_each_key_once
             results.append(await until_trained(lambda: model.train(groups, CONFIG, idempotency_key=key), key,
                                                resubmitted))
 
-    worker, errors = in_thread(client)
     try:
-        server.kill_while(worker.is_alive)
-        killing.clear()
-        worker.join(timeout=600)
-        assert not worker.is_alive(), "the client did not finish within 10 minutes of the last kill"
-        assert not errors, errors
-        assert server.kills == KILLS, f"the client stopped after {server.kills} kills"
+        server.drive(client)
         check_steps_whole(server.url, "killed", [r.step for r in results], sum(len(g.trajectories) for g in groups))
         print(f"\n{KILLS} SIGKILLs, {len(results)} RL steps trained, each key once; {len(resubmitted)} keys "
               f"resubmitted after the client's own resubmissions ran out")
     finally:
-        killing.clear()
         server.stop()
 
 
@@ -154,11 +155,10 @@ async def record(url: str, session_id: str, prompt: str) -> None:
 async def test_random_sigkills_keep_every_session_job_step_and_train_each_key_once(tmp_path):
     server = Restarts(tmp_path, seed=1)
     await TrainableModel("killed-sessions").register(server.url)
-    steps, resubmitted, killing = [], [], threading.Event()
-    killing.set()
+    steps, resubmitted = [], []
     per_step = 4  # 2 groups of 2 sessions
 
-    async def client() -> None:
+    async def client(killing: threading.Event) -> None:
         model = await TrainableModel("killed-sessions", retry_seconds=300).register(server.url)
         i = 0
         while killing.is_set() or i < 2:
@@ -173,19 +173,12 @@ async def test_random_sigkills_keep_every_session_job_step_and_train_each_key_on
                                          resubmitted)
             steps.append(result.step)
 
-    worker, errors = in_thread(client)
     try:
-        server.kill_while(worker.is_alive)
-        killing.clear()
-        worker.join(timeout=600)
-        assert not worker.is_alive(), "the client did not finish within 10 minutes of the last kill"
-        assert not errors, errors
-        assert server.kills == KILLS, f"the client stopped after {server.kills} kills"
+        server.drive(client)
         check_steps_whole(server.url, "killed-sessions", steps, per_step)
         print(f"\n{KILLS} SIGKILLs, {len(steps)} session-job steps trained, each key once; "
               f"{len(resubmitted)} keys resubmitted after the client's own resubmissions ran out")
     finally:
-        killing.clear()
         server.stop()
 
 
