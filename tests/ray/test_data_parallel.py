@@ -4,7 +4,6 @@ process that dies fails its step alone; through a real art-server with --train-p
 
 from __future__ import annotations
 
-import random
 import socket
 import threading
 import time
@@ -13,19 +12,16 @@ from dataclasses import replace
 import httpx
 import pytest
 import torch
-from peft import LoraConfig
 
 from client import TrainConfig, TrainableModel
 from protocol.jobs import RLJob
 from server.model.host import ModelHost
 from server.connections.ray_cluster import connect
-from server.runs.run import new_optimizer
-from server.settings import DEFAULT_MODEL_DIR
-from server.training.assemble import TrainSequence
-from server.training.data_parallel import DataParallelTrainer, TrainingReplica, TrainProcessFailed
+from server.training.data_parallel import DataParallelTrainer, TrainProcessFailed
 from server.training.optimize import Cancelled, OptimPlan, optimize, rl_loss, sft_loss
 from tests.conftest import ServerProcess
 from tests.helpers import adapter_weights, demo_groups, with_rewards
+from tests.ray.steps import PLAN, adapter_host, max_difference, replica as make_replica, sequences as make_sequences
 
 FIGURES = ("loss", "entropy", "clip_fraction", "logprob_gap", "kl_to_base", "grad_norm", "padding_fraction")
 COUNTS = ("loss_tokens", "row_tokens", "padding_tokens", "gap_tokens", "kl_tokens", "clipped", "optimizer_steps",
@@ -34,13 +30,7 @@ COUNTS = ("loss_tokens", "row_tokens", "padding_tokens", "gap_tokens", "kl_token
 
 @pytest.fixture(scope="module")
 def host() -> ModelHost:
-    host = ModelHost(DEFAULT_MODEL_DIR, device="cpu")
-    with host.lock:
-        torch.manual_seed(0)
-        host.add_adapter("dp", LoraConfig(r=8, lora_alpha=16, target_modules=host.lora_targets, lora_dropout=0.0))
-        for p in host.adapter_params("dp"):
-            p.requires_grad_(True)
-    return host
+    return adapter_host()
 
 
 @pytest.fixture(scope="module")
@@ -59,37 +49,6 @@ def trainer(ray, ray_cluster, host):
     t.shutdown()
 
 
-def _replica(host: ModelHost, state: dict[str, torch.Tensor]) -> TrainingReplica:
-    with host.lock:
-        host.load_adapter_state("dp", state)
-    params = host.adapter_params("dp")
-    return TrainingReplica(host, "dp", new_optimizer(params), params)
-
-
-def _sequences(vocab: int, n: int = 12, seed: int = 1) -> list[TrainSequence]:
-    """Prompt-then-completion sequences of mixed lengths, the completion sampled at T=1 or 0.7
-    with made-up sampler logprobs (so that ratios and clipping are not trivial)."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        prompt, completion = rng.randint(8, 30), rng.randint(4, 24)
-        s = TrainSequence(advantage=rng.choice([-1.0, -0.5, 0.5, 1.0]), group=i // 4)
-        s.extend([rng.randrange(vocab) for _ in range(prompt)], trained=False)
-        s.extend([rng.randrange(vocab) for _ in range(completion)], trained=True,
-                 logprobs=[-rng.uniform(0.5, 6.0) for _ in range(completion)], temperature=rng.choice([1.0, 0.7]))
-        out.append(s)
-    return out
-
-
-# Two minibatches, two epochs (four optimizer steps, each after the ranks' gradients are summed),
-# a token budget that cuts each minibatch into several micro-batches, and a KL term, so that the
-# reference forward runs on every rank. The two updates differ by float summation order, which
-# AdamW's per-element normalisation carries into the weights in proportion to the learning rate:
-# one process accumulating the same micro-batches in reverse order differs from itself by as much
-# (measured on five such batches: up to 8.8e-6 at lr 1e-3, 4.0e-6 at 5.8e-4, the same as two
-# processes). At 1e-4 the order's share is well under the bound.
-PLAN = OptimPlan(learning_rate=1e-4, epochs=2,
-                 num_minibatches=2, max_tokens_per_microbatch=96, kl_coef=0.05)
 
 
 # PPO with a KL term; A*-PO, whose loss reads the reference's logprobs; SFT, which measures no gap.
@@ -102,11 +61,11 @@ LOSSES = {"ppo": (rl_loss(TrainConfig(loss="ppo")), PLAN, True),
 @pytest.mark.parametrize("name", LOSSES)
 def test_two_processes_train_the_adapter_one_process_trains(host, trainer, name):
     loss, plan, rl = LOSSES[name]
-    sequences = _sequences(host.vocab_size)
+    sequences = make_sequences(host.vocab_size)
     with host.lock:
         start = host.adapter_state("dp")
 
-    one = _replica(host, start)
+    one = make_replica(host, start)
     t0 = time.perf_counter()
     single = optimize(one, sequences, plan, loss, measure_gap=rl, measure_kl=rl)
     t_single = time.perf_counter() - t0
@@ -114,7 +73,7 @@ def test_two_processes_train_the_adapter_one_process_trains(host, trainer, name)
         want = host.adapter_state("dp")
     want_optimizer = one.optimizer.state_dict()
 
-    two = _replica(host, start)
+    two = make_replica(host, start)
     t0 = time.perf_counter()
     dp = trainer.optimize(two, sequences, plan, loss, measure_gap=rl, measure_kl=rl)
     t_dp = time.perf_counter() - t0
@@ -123,8 +82,8 @@ def test_two_processes_train_the_adapter_one_process_trains(host, trainer, name)
 
     assert single.optimizer_steps == 4 and (single.kl_tokens > 0) == rl
     assert set(got) == set(want)
-    diff = max(float((got[k] - want[k]).abs().max()) for k in want)
-    moved = max(float((want[k] - start[k]).abs().max()) for k in want)
+    diff = max_difference(got, want)
+    moved = max_difference(want, start)
     print(f"{name}: max |2-process - 1-process| over LoRA tensors {diff:.2e} (the step moved them up to {moved:.2e}); "
           f"1 process {t_single:.1f}s, 2 processes {t_dp:.1f}s")
     assert moved > 1e-4  # the comparison is of a step that trained
@@ -144,10 +103,10 @@ def test_two_processes_train_the_adapter_one_process_trains(host, trainer, name)
 
 
 def test_a_stopped_step_stops_every_process_and_changes_nothing(host, trainer):
-    sequences, loss = _sequences(host.vocab_size, seed=2), rl_loss(TrainConfig(loss="cispo"))
+    sequences, loss = make_sequences(host.vocab_size, seed=2), rl_loss(TrainConfig(loss="cispo"))
     with host.lock:
         start = host.adapter_state("dp")
-    replica = _replica(host, start)
+    replica = make_replica(host, start)
     long_plan = OptimPlan(learning_rate=1e-3, epochs=200, num_minibatches=2, max_tokens_per_microbatch=96)
     t0 = time.monotonic()
     with pytest.raises(Cancelled):
@@ -163,10 +122,10 @@ def test_a_stopped_step_stops_every_process_and_changes_nothing(host, trainer):
 
 
 def test_a_process_that_dies_fails_its_step_and_the_next_step_starts_new_ones(ray, host, trainer):
-    sequences, loss = _sequences(host.vocab_size, seed=3), rl_loss(TrainConfig())
+    sequences, loss = make_sequences(host.vocab_size, seed=3), rl_loss(TrainConfig())
     with host.lock:
         start = host.adapter_state("dp")
-    replica = _replica(host, start)
+    replica = make_replica(host, start)
     trainer.optimize(replica, sequences, PLAN, loss)  # the processes are up
     victim = trainer.ranks[1]
     killer = threading.Timer(1.0, lambda: ray.kill(victim))
@@ -220,7 +179,7 @@ async def test_a_server_with_two_training_processes_trains_and_serves_the_step(r
         for k in ("loss", "entropy", "clip_fraction", "logprob_gap", "grad_norm", "lora_update_norm"):
             assert getattr(m, k) == pytest.approx(getattr(single.metrics, k), rel=1e-4, abs=1e-7), k
         want, got = adapter_weights(tmp_path / "sampler", "dp", 1), adapter_weights(tmp_path / "dp", "dp", 1)
-        diff = max(float((got[k] - want[k]).abs().max()) for k in want)
+        diff = max_difference(got, want)
         print(f"server step: max |2-process - 1-process| over LoRA tensors {diff:.2e}; loss {m.loss:.6f} vs "
               f"{single.metrics.loss:.6f}, grad norm {m.grad_norm:.6f} vs {single.metrics.grad_norm:.6f}")
         assert diff <= 1e-5

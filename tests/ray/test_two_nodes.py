@@ -1,6 +1,8 @@
 """Ray across two nodes (tests/ray/nodes.py: two network namespaces, each its own address):
 `art-server --replicas 2 --train-processes 2` and `client.train --ray-address` with their actors on
-both nodes, and the worker node lost mid-run. `make test-ray-nodes` (root; about 5 minutes)."""
+both nodes, and the worker node lost mid-run; a step by two training processes on two nodes equal
+to one process's. `make test-ray-nodes` (root; about 5 minutes). The tests run in file order: the
+last one loses the worker node."""
 
 from __future__ import annotations
 
@@ -35,6 +37,17 @@ def nodes():
 
 def _health(srv: LocalServer) -> dict:
     return httpx.get(srv.url + "/health", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()
+
+
+def test_two_training_processes_on_two_nodes_train_what_one_process_trains(nodes):
+    # A driver on the head node (tests/ray/steps.py): the same step by itself alone, then by two
+    # training processes placed by the server's own trainer. Its gradients cross the link.
+    got = nodes.run("head", "import json; from tests.ray.steps import one_against_two; "
+                            f"print(json.dumps(one_against_two({nodes.ray_address!r})))", timeout=600)
+    print(f"two nodes: max |2-process - 1-process| over LoRA tensors {got['diff']:.2e} (the step moved them up to "
+          f"{got['moved']:.2e}); training processes on {got['rank_nodes']}")
+    assert sorted(got["rank_nodes"]) == sorted(nodes.addresses.values())  # one rank per node
+    assert got["moved"] > 1e-4 and got["diff"] <= 1e-5
 
 
 def test_a_run_spreads_over_two_nodes_and_finishes_after_losing_one(nodes, tmp_path):
