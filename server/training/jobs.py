@@ -22,7 +22,7 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from protocol.jobs import TERMINAL_EVENTS, RLJob, SessionJob, SFTJob, TrainResult
 from protocol.metrics import StepMetrics
@@ -62,9 +62,27 @@ def body_hash(request: RLJob | SFTJob | SessionJob) -> str:
                 if "start_time" not in t.model_fields_set:
                     fields.pop("start_time")
     digest = hashlib.sha256()
-    for chunk in json.JSONEncoder(sort_keys=True).iterencode(payload):
+    for chunk in canonical_chunks(payload):
         digest.update(chunk.encode())
     return digest.hexdigest()[:32]
+
+
+def canonical_chunks(payload: dict[str, Any]) -> Iterator[str]:
+    """`json.dumps(payload, sort_keys=True)` in pieces, each list at the top level one item at a
+    time: every piece is one short call of the C encoder. (The pure-Python `iterencode` took seconds
+    for a 20 MiB job, competing for the interpreter with the event loop throughout.)"""
+    yield "{"
+    for i, key in enumerate(sorted(payload)):
+        value = payload[key]
+        yield ("" if i == 0 else ", ") + json.dumps(key) + ": "
+        if isinstance(value, list):
+            yield "["
+            for j, item in enumerate(value):
+                yield ("" if j == 0 else ", ") + json.dumps(item, sort_keys=True)
+            yield "]"
+        else:
+            yield json.dumps(value, sort_keys=True)
+    yield "}"
 
 
 @dataclass

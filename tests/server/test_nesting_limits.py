@@ -224,3 +224,17 @@ def test_the_collector_is_paused_while_any_large_body_is_read_and_restored_after
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.unit
+def test_what_a_large_body_leaves_alive_goes_to_the_oldest_generation_unscanned():
+    """Left young, the body's objects were all scanned by the collector's next run on whichever
+    thread allocated next: 0.7 s on the event loop for a 20 MiB job."""
+    import gc
+
+    from server.api.limits import collector_paused
+
+    with collector_paused():
+        kept = [[i] for i in range(20_000)]
+    assert gc.get_count()[0] < 1_000
+    assert any(o is kept[-1] for o in gc.get_objects(generation=2))
