@@ -15,7 +15,7 @@ from protocol.names import run_of
 from server.api.auth import Caller
 from server.api.deps import ServerState, may_see_run, other_model
 from server.api.errors import APIError
-from server.engine.base import EngineFull, GenRequest, Unsupported
+from server.engine.base import EngineFull, GenRequest, ReplicaLost, Unsupported
 from server.engine.sampling import SamplingParams
 from server.sampling.served_names import Policy
 
@@ -99,5 +99,7 @@ async def wait_finished(gen: GenRequest, events: asyncio.Queue, request: Request
             continue
         if kind == "error":
             gen.cancelled = True
+            if isinstance(payload, ReplicaLost):  # nothing was answered yet: the same request may simply be sent again
+                raise APIError(503, f"generation failed: {payload}", code="replica_lost", headers={"Retry-After": "1"})
             raise APIError(500, f"generation failed: {payload}", code="generation_failed")
         finished += kind == "finished"

@@ -103,7 +103,9 @@ async def _events(state: ServerState, c: Completion, request: Request, msg_id: s
 
     async for chunk in completions.stream(state, c, request):
         if "error" in chunk:
-            yield _sse("error", {"error": {"type": "api_error", "message": chunk["error"]["message"]}})
+            # overloaded_error: the type Anthropic's clients treat as passing (a replica lost)
+            kind = "overloaded_error" if chunk["error"]["code"] == "replica_lost" else "api_error"
+            yield _sse("error", {"type": "error", "error": {"type": kind, "message": chunk["error"]["message"]}})
             return
         delta = chunk["choices"][0]["delta"]
         for kind, key in (("thinking", "reasoning_content"), ("text", "content")):

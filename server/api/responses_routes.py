@@ -180,7 +180,7 @@ async def _events(state: ServerState, r: _Response, request: Request, keep) -> A
 
     async for chunk in completions.stream(state, r.c, request):
         if "error" in chunk:
-            yield ev("error", code="generation_failed", message=chunk["error"]["message"], param=None)
+            yield ev("error", code=chunk["error"]["code"], message=chunk["error"]["message"], param=None)
             return
         delta = chunk["choices"][0]["delta"]
         for kind, key, event in (("reasoning", "reasoning_content", "response.reasoning_text.delta"),

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Callable
 
 from server.sampling.choices import build_choice, logprob_entries
 from server.chat.format import ChatFormat
-from server.engine.base import GenRequest, DecodeSequence
+from server.engine.base import GenRequest, DecodeSequence, ReplicaLost
 
 
 def sse(obj: Any) -> str:
@@ -147,9 +147,9 @@ async def chunk_stream(host: Any, c: Completion, disconnected: Callable[[], Any]
                     c.gen.cancelled = True
                     return
                 continue
-            if kind == "error":
-                yield {"error": {"message": f"generation failed: {seq}", "type": "server_error",
-                                 "param": None, "code": None}}
+            if kind == "error":  # headers are out: the stream's last event says what failed, and if a retry may do
+                yield {"error": {"message": f"generation failed: {seq}", "type": "server_error", "param": None,
+                                 "code": "replica_lost" if isinstance(seq, ReplicaLost) else "generation_failed"}}
                 return
             st = streams[seq.index]
             if kind == "token":

@@ -23,6 +23,11 @@ class EngineError(Exception):
     """Sampling failed for one request (the server keeps serving the others)."""
 
 
+class ReplicaLost(EngineError):
+    """The engine replica sampling the request died or became unreachable: the same request sent
+    again is served by another (a 503 with Retry-After, or an error event that says so)."""
+
+
 class Unsupported(ValueError):
     """A request this engine cannot sample under the token-exact contract (a 400 naming `param`)."""
 

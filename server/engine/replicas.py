@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.engine.base import DecodeSequence, EngineError, EngineFull, GenRequest
+from server.engine.base import DecodeSequence, EngineError, EngineFull, GenRequest, ReplicaLost
 from server.engine.replica_actor import ReplicaActor, SeqEvent
 from server.engine.router import Candidate, PrefixMemory, route
 from server.model.host import ModelHost
@@ -230,13 +230,14 @@ class ReplicatedEngine:
                 for ev in events:
                     finished += self._apply(r, req, ev, last=finished == req.n - 1)
         except StopAsyncIteration:
-            req.emit("error", EngineError(f"replica {r.name} ended the request before it finished"))
+            req.emit("error", ReplicaLost(f"engine replica {r.name} ended the request before it finished; "
+                                          f"retry the request"))
         except EngineError as exc:
             req.emit("error", exc)
         except Exception as exc:  # the replica died or became unreachable: this request fails, a retry goes elsewhere
             log.warning("replica %s failed a request: %s", r.name, exc)
             self._down(r)
-            req.emit("error", EngineError(f"engine replica {r.name} failed while sampling ({type(exc).__name__}); "
+            req.emit("error", ReplicaLost(f"engine replica {r.name} failed while sampling ({type(exc).__name__}); "
                                           f"retry the request"))
         finally:
             with self._lock:

@@ -11,7 +11,9 @@ import threading
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
+import openai
 import pytest
 import ray
 from openai import AsyncOpenAI, OpenAI
@@ -183,6 +185,61 @@ async def test_a_replica_killed_mid_load_loses_no_retried_request_and_comes_back
     raw, ids, lps = _seeded(srv, "replicated")
     params = SamplingParams(temperature=1.0, max_tokens=12, seed=1234, ignore_eos=True)
     assert _replica_answer(victim["name"], raw["prompt_token_ids"], params, STEP_1) == (ids, lps)
+
+
+async def _fate(call) -> str:
+    """How one request ended: "ok", or the code (or Anthropic error type) it failed with."""
+    try:
+        await call()
+        return "ok"
+    except openai.APIStatusError as exc:  # not streamed: the status and code, with the wait to retry after
+        assert exc.status_code == 503 and exc.response.headers.get("retry-after") == "1", exc
+        return exc.body["code"]
+    except openai.APIError as exc:  # a Chat Completions stream's last event
+        return exc.body["code"]
+    except anthropic.APIStatusError as exc:  # a Messages stream's error event
+        return exc.body["error"]["type"]
+
+
+async def test_a_replica_lost_mid_request_is_an_error_a_client_may_retry(srv):
+    """Each API's way of saying "send it again": a 503 with Retry-After before any byte is sent;
+    once a stream has begun, its last event, with the code replica_lost (Anthropic's
+    overloaded_error on Messages)."""
+    base = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"][0]["id"]  # any model it serves
+    body = {"model": base, "max_tokens": 1024, "extra_body": {"ignore_eos": True}}
+    async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as oa, \
+            anthropic.AsyncAnthropic(base_url=srv.url, api_key="x", max_retries=0) as an:
+        async def chat(i: int, stream: bool):
+            messages = [{"role": "user", "content": f"Name {i} fruits."}]
+            if not stream:
+                return await oa.chat.completions.create(messages=messages, **body)
+            async for _ in await oa.chat.completions.create(messages=messages, stream=True, **body):
+                pass
+
+        async def message(i: int):
+            async with an.messages.stream(model=base, max_tokens=1024, extra_body={"ignore_eos": True},
+                                          messages=[{"role": "user", "content": f"Name {i} pears."}]) as stream:
+                async for _ in stream:
+                    pass
+
+        calls = [lambda i=i: chat(i, False) for i in range(6)] + [lambda i=i: chat(i, True) for i in range(6)] + \
+                [lambda i=i: message(i) for i in range(6)]
+        tasks = [asyncio.create_task(_fate(c)) for c in calls]
+        deadline = time.monotonic() + 60
+        while not (busy := [r for r in _health(srv.url)["replicas"] if r["in_flight"] > 0]):
+            assert time.monotonic() < deadline and not all(t.done() for t in tasks), "no replica was seen sampling"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # streams under way
+        victim = busy[0]  # requests go where their prefix was served last: perhaps all to one replica
+        os.kill(victim["pid"], signal.SIGKILL)
+        fates = await asyncio.gather(*tasks)
+    print("fates (6 chat, 6 chat streams, 6 message streams):", fates)
+    assert set(fates[:12]) <= {"ok", "replica_lost"} and set(fates[12:]) <= {"ok", "overloaded_error"}, fates
+    assert {"replica_lost", "overloaded_error"} & set(fates)  # the lost replica's requests failed, and said how
+    deadline = time.monotonic() + 120
+    while (now := _health(srv.url)["replicas"][victim["index"]])["pid"] == victim["pid"] or now["state"] != "up":
+        assert time.monotonic() < deadline, now
+        await asyncio.sleep(0.5)
 
 
 def test_health_is_degraded_while_a_replica_is_down_and_ok_once_it_is_back(srv):
