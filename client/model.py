@@ -21,6 +21,7 @@ from openai import AsyncOpenAI
 from client.errors import ConfigError, RunInUse, ServerError, ServerUnreachable
 from protocol.config import LoraSettings, RunSpec, SFTConfig, TrainConfig
 from protocol.jobs import JobEvent, RLJob, ScoredSession, SessionGroup, SessionJob, SFTJob, TrainResult
+from protocol.logprobs import LogprobsRequest, LogprobsResponse, TokenSequence
 from protocol.retry import RetryPolicy
 from protocol.trajectory import Conversation, Trajectory, TrajectoryGroup
 
@@ -207,6 +208,16 @@ class TrainableModel:
                  else Conversation(messages=c) if isinstance(c, list) else c for c in conversations]
         job = SFTJob(kind="sft", conversations=convs, config=config or SFTConfig(), idempotency_key=idempotency_key)
         return await self._run_job(job)
+
+    async def score_tokens(self, sequences: Iterable[list[int] | TokenSequence], model: str | None = None,
+                           top_k: int = 0) -> LogprobsResponse:
+        """The logprobs a served model (this run's latest step unless `model` names another: the
+        base model, a run, run@step) gives to each sequence's tokens after the first (or from a
+        TokenSequence's `start`), with the `top_k` likeliest alternatives and the rest's mass: a
+        teacher's view of a student's exact tokens."""
+        body = LogprobsRequest(model=model or self.name, top_k=top_k, sequences=[
+            s if isinstance(s, TokenSequence) else TokenSequence(token_ids=list(s)) for s in sequences])
+        return LogprobsResponse.model_validate(await self.request("POST", "/v1/logprobs", json=body.model_dump()))
 
     async def log(self, groups: Iterable[TrajectoryGroup], split: str = "val", step: int | None = None) -> dict[str, Any]:
         body = {"groups": [g.model_dump(mode="json") for g in groups], "split": split, "step": step}

@@ -32,7 +32,7 @@ from client.loop.config import LoopConfig, WarmStart
 from client.loop.ray_rollouts import RayWorkers
 from client.model import DEFAULT_RETRY_SECONDS, check_server_url
 from client.loop.report import interrupted_line
-from protocol.config import Baseline, LossName, RunSpec, TrainConfig
+from protocol.config import Baseline, Distill, LossName, RunSpec, TrainConfig
 
 app = typer.Typer(add_completion=False)
 
@@ -127,6 +127,12 @@ def main(
                                           "demonstrations."),
     warm_start_learning_rate: float = typer.Option(default(WarmStart, "learning_rate"), help="The --warm-start SFT "
                                                    "job's learning rate [default: the server's for the model]."),
+    teacher: str = typer.Option(None, help="On-policy distillation: a model the server serves (its base model, a run "
+                                "or run@step) scores every sampled token, and the student learns from the per-token "
+                                "reverse KL to it; rewards are not read unless --distill-with-reward."),
+    distill_coef: float = typer.Option(default(Distill, "coef"), help="The --teacher KL advantage's weight."),
+    distill_with_reward: bool = typer.Option(default(Distill, "with_reward"), help="Add the reward's group-relative "
+                                             "advantage to the --teacher KL's."),
     keep_best: bool = typer.Option(default(LoopConfig, "keep_best"), help="At the end, if an earlier evaluated step "
                                    "scored higher on held-out tasks than the latest, serve it under the run's name "
                                    "(the next trained step, from the latest weights, serves again)."),
@@ -152,7 +158,9 @@ def config_options(o: dict[str, Any], example_args: list[str]) -> dict[str, Any]
                 reward=o["reward"], judge=o["judge"], progress=o["progress"], patience=o["patience"],
                 max_steps_off_policy=o["max_steps_off_policy"], retry_seconds=o["retry_seconds"],
                 train={"learning_rate": o["learning_rate"], "loss": o["loss"], "num_minibatches": o["num_minibatches"],
-                       "epochs": o["epochs"], "baseline": o["baseline"], "apo_beta": o["apo_beta"]},
+                       "epochs": o["epochs"], "baseline": o["baseline"], "apo_beta": o["apo_beta"],
+                       "distill": None if o["teacher"] is None else {
+                           "teacher": o["teacher"], "coef": o["distill_coef"], "with_reward": o["distill_with_reward"]}},
                 curriculum=None if o["curriculum"] is None else {
                     "threshold": o["curriculum"], "every": o["curriculum_every"],
                     "eval_tasks": o["curriculum_eval_tasks"]},

@@ -57,6 +57,20 @@ class RunSpec(BaseModel):
     lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
+class Distill(BaseModel):
+    """On-policy distillation: each sampled token of the student is pushed towards a teacher by
+    the per-token reverse KL, log p_teacher(x) - log p_student(x), as its advantage (far denser
+    than one reward per episode). The teacher is a model this server serves: its base model, or
+    a run or `run@step` of that base (the same tokenizer: it scores the student's exact tokens)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    teacher: str = Field(min_length=1, max_length=200)
+    coef: float = Field(default=1.0, **_finite(gt=0, le=100))  # the KL advantage's weight
+    # False: the KL alone (rewards are not read); True: added to the group-relative reward advantage.
+    with_reward: bool = False
+
+
 class TrainConfig(BaseModel):
     """How one RL step turns scored groups into a gradient."""
 
@@ -97,9 +111,13 @@ class TrainConfig(BaseModel):
     # staleness, read from each choice's sampling record); staler groups are dropped and counted.
     # None: no bound (a group is trained however old its sampler).
     max_steps_off_policy: int | None = Field(default=None, ge=0, le=10_000)
+    distill: Distill | None = None
 
     @model_validator(mode="after")
     def _apo(self) -> "TrainConfig":
+        if self.distill is not None and self.loss in ("apo", "awr"):
+            raise ValueError(f"distill gives every token its own advantage; loss {self.loss!r} weighs whole "
+                             f"sequences: use ppo, cispo or importance_sampling")
         if self.baseline is None:
             self.baseline = "given" if self.loss == "apo" else "group_mean"
         if self.scale_rewards and self.baseline != "group_mean":

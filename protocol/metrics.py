@@ -70,6 +70,9 @@ class StepMetrics(BaseModel):
     clip_fraction: float | None = None
     entropy: float | None = None
     kl_to_base: float | None = None
+    # distillation: the student's reverse KL to its teacher on the sampled tokens (mean of
+    # log p_student - log p_teacher), measured before the step; it falls as the student learns
+    teacher_kl: float | None = None
     grad_norm: float | None = None
     optimizer_steps: int = 0
     skipped_optimizer_steps: int = 0

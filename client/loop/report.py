@@ -82,8 +82,13 @@ def step_line(result: TrainResult, extra: str = "", timing: StepTiming | None = 
     good = solved_line(m)
     return (f"{head} | reward {m.reward_mean or 0:.3f} | groups {m.groups_trainable}/{m.groups_total} "
             f"trainable, {dropped} dropped{dropped_part(m)} | exceptions {m.trajectories_excluded} | logprob_gap "
-            f"{gap}{stale}{_advantage_part(m)}{extra}{took}" + "".join(domain_lines(m.domains))
+            f"{gap}{stale}{_advantage_part(m)}{_teacher_part(m)}{extra}{took}" + "".join(domain_lines(m.domains))
             + (f"\n  {good}" if good else "") + "".join(f"\n  warning: {w}" for w in result.warnings))
+
+
+def _teacher_part(m: StepMetrics) -> str:
+    """Distilling: the student's reverse KL to its teacher on this step's tokens (falls as it learns)."""
+    return "" if m.teacher_kl is None else f" | teacher KL {m.teacher_kl:.3f}"
 
 
 def _advantage_part(m: StepMetrics) -> str:

@@ -166,8 +166,11 @@ class TrainingLoop:
         cfg, model = self.cfg, self.model
         default_lr = (await model.request("GET", f"/v1/runs/{model.name}")).get("default_learning_rate")
         self.learning_rate = cfg.train.learning_rate or default_lr
+        d = cfg.train.distill
+        loss = cfg.train.loss if d is None else \
+            f"{cfg.train.loss}, distilled from {d.teacher} (coef {d.coef:g}{', with the reward' if d.with_reward else ''})"
         print(run_line(cfg.run, bool(model.created), model.step, cfg.steps, model.base_model, self.learning_rate,
-                       cfg.groups_per_step, cfg.group_size, cfg.train.loss), flush=True)
+                       cfg.groups_per_step, cfg.group_size, loss), flush=True)
         if model.step >= cfg.steps:
             print(nothing_to_train_line(cfg.run, model.step, cfg.steps), flush=True)
 

@@ -22,7 +22,7 @@ from server.runs.base_models import OtherModel, RunConflict
 from server.runs.leases import LEASE_SECONDS, LeaseHeld
 from server.runs.run import Run
 from server.store import trajectory_rows
-from server.training import bounds
+from server.training import bounds, distill
 from server.training.assemble import AssemblyError, check_submission
 from server.training.jobs import ACTIVE, Job, KeyConflict
 from server.runs.ownership import NameTaken, RunLimit
@@ -165,6 +165,12 @@ async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob, digest: s
             await asyncio.to_thread(check_submission, job.groups, state.host.vocab_size, state.host.fingerprint)
         except AssemblyError as e:
             raise APIError(400, str(e), param="groups", code="invalid_trajectory")
+        if job.config.distill is not None:
+            teacher = job.config.distill.teacher
+            problem = await asyncio.to_thread(distill.teacher_problem, state.runs, state.host, teacher)
+            if problem is not None:
+                raise APIError(404 if problem.missing else 409, str(problem), param="config.distill.teacher",
+                               code="teacher_unavailable")
     try:
         # In a thread: hashing and storing a large job's body would hold up every other request.
         submitted, created = await asyncio.to_thread(state.jobs.submit, run, job, digest, keep_request)

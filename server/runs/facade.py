@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from protocol.config import RunSpec
 from server.engine.base import Engine
@@ -76,6 +77,19 @@ class Runs:
     # ---- what a model name serves --------------------------------------------------------------
     def resolve(self, model: str) -> Policy | None:
         return self.serving.resolve(model)
+
+    @contextmanager
+    def leased(self, model: str) -> Iterator[Policy | None]:
+        """The policy `model` names (None: none), its adapter kept loaded until the block ends."""
+        policy = self.resolve(model)
+        if policy is None:
+            yield None
+            return
+        self.serving.served.acquire(policy)
+        try:
+            yield policy
+        finally:
+            self.serving.served.release(policy)
 
     def retain(self, run: Run, steps: set[int]) -> list[int]:
         return self.serving.retain(run, steps)

@@ -77,3 +77,12 @@ def awr_weights(advantages: list[float]) -> list[float]:
     mean = sum(advantages) / n
     std = math.sqrt(sum((a - mean) ** 2 for a in advantages) / n) or 1.0
     return [min(max(max(min((a - mean) / std, 3.0), -3.0) + 1.0, 0.1), 5.0) for a in advantages]
+
+
+def reverse_kl_advantages(student: list[float], teacher: list[float], coef: float) -> list[float]:
+    """On-policy distillation's per-token advantages: coef * (log p_teacher - log p_student) of
+    each sampled token, so that the policy gradient lowers the reverse KL KL(student || teacher),
+    whose single-sample estimate at a token the student sampled is log p_student - log p_teacher."""
+    if len(student) != len(teacher):
+        raise ValueError(f"{len(student)} student logprobs against {len(teacher)} of the teacher")
+    return [coef * (t - s) for s, t in zip(student, teacher)]

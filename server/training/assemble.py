@@ -43,6 +43,8 @@ class TrainSequence:
     old_logprobs: list[float] = field(default_factory=list)
     temperatures: list[float] = field(default_factory=list)
     advantage: float = 0.0
+    # Added to `advantage` token by token (aligned with ids; None: none): distillation's reverse KL.
+    token_advantages: list[float] | None = None
     weight: float = 1.0  # per-sequence weight (advantage-weighted SFT)
     group: int = 0
 

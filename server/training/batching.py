@@ -66,7 +66,7 @@ def make_microbatch(seqs: list[TrainSequence], seq_ids: list[int], device: torch
                 targets.append(seq.ids[t])
                 old.append(seq.old_logprobs[t])
                 temps.append(seq.temperatures[t])
-                adv.append(seq.advantage)
+                adv.append(seq.advantage + (seq.token_advantages[t] if seq.token_advantages else 0.0))
                 w.append(seq.weight)
                 sidx.append(sid)
 

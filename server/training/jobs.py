@@ -32,7 +32,7 @@ from server.runs import checkpoints
 from server.runs.facade import Runs
 from server.runs.run import Run
 from server.store import Store, storage_failure
-from server.training import steps
+from server.training import distill, steps
 from server.training.assemble import Cancelled, Interrupted
 from server.training.commit import Attempt, CommitTargets, commit_step, roll_back
 from server.training.optimize import optimize
@@ -115,6 +115,7 @@ class JobManager:
         self.optimize = optimize_step  # in this process, or a DataParallelTrainer's (server/training/data_parallel.py)
         self.targets = CommitTargets(runs, store, export_queue, keep_trajectory_steps)
         self.time_limit, self.max_optimizer_steps = time_limit, max_optimizer_steps
+        self.teacher = distill.teacher_of(runs)
         # Queued jobs per run, runs in the order the worker serves them; guarded by _turns.
         self._queues: "OrderedDict[str, deque[Job]]" = OrderedDict()
         self._turns = threading.Condition()
@@ -351,7 +352,7 @@ class JobManager:
         try:
             crash_point("step_start")
             computed = steps.compute(run, job.request, steps.Hooks(progress, stop, self.optimize,
-                                                                   self.max_optimizer_steps))
+                                                                   self.max_optimizer_steps, self.teacher))
             computed.metrics.queue_seconds = queued
             result = commit_step(self.targets, run, attempt, computed)
         except Cancelled:

@@ -28,7 +28,7 @@ from protocol.trajectory import Conversation, TrajectoryGroup
 from server.runs.run import Run
 from server.training.advantages import (GroupAdvantages, awr_weights, given_value_advantages, group_advantages,
                                         leave_one_out_advantages)
-from server.training import bounds
+from server.training import bounds, distill
 from server.training.assemble import AssemblyStats, TrainSequence, assemble_history, assemble_sft
 from server.training.health import NON_FINITE_UPDATE, constant_split, step_warnings
 from server.training.hyperparams import default_learning_rate
@@ -46,6 +46,7 @@ class Hooks:
     # (server/training/data_parallel.py); the same arguments and result either way.
     optimize: Callable[..., OptimizeStats] = optimize
     max_optimizer_steps: int | None = None  # the server's bound per job (server/training/bounds.py)
+    teacher: distill.Teacher | None = None  # scores the student's tokens for TrainConfig.distill
 
 
 @dataclass
@@ -88,7 +89,18 @@ class Batch:
 
 
 def advantages_for(g: TrajectoryGroup, cfg: TrainConfig) -> GroupAdvantages:
-    """The group's advantages under the submission's baseline (protocol/config.py: Baseline)."""
+    """The group's advantages under the submission's baseline (protocol/config.py: Baseline).
+    Distilling, a group without reward signal still trains (at reward advantage 0: the teacher's
+    KL is its signal), and without `with_reward` every reward advantage is 0."""
+    adv = _reward_advantages(g, cfg)
+    if cfg.distill is None or adv.dropped == "empty":
+        return adv
+    if adv.advantages is None or not cfg.distill.with_reward:
+        return GroupAdvantages([0.0] * len(g.trajectories), adv.mean, adv.std, adv.spread)
+    return adv
+
+
+def _reward_advantages(g: TrajectoryGroup, cfg: TrainConfig) -> GroupAdvantages:
     rewards = [t.reward for t in g.trajectories]
     if cfg.baseline == "given":
         # RLJob refuses a "given" submission with a group that lacks its value: never None here.
@@ -195,6 +207,11 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
     if m.trainable_tokens == 0:
         m.step_seconds = time.time() - t0
         return _measured(run, "rl", m)
+    if cfg.distill is not None:
+        if hooks.teacher is None:
+            raise ValueError("this server cannot distill: its job worker has no teacher")
+        hooks.progress("teacher", {"teacher": cfg.distill.teacher})
+        m.teacher_kl = distill.apply(run.host, batch.sequences, cfg.distill, hooks.teacher)
     m.signal_share = 1.0
     if cfg.count_dropped_groups:
         m.signal_share = signal_share(cfg.loss_aggregation, m.trainable_tokens, len(batch.sequences),

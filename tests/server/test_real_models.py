@@ -201,6 +201,28 @@ def test_logprobs_are_a_full_forward_pass(served):
             assert (got - want).abs().max().item() <= 1e-4
 
 
+def test_the_teacher_route_scores_given_tokens_as_a_full_forward_pass(served):
+    """POST /v1/logprobs (on-policy distillation's teacher): every scored token's logprob, its
+    top 5 and the mass left outside them, against the same weights run here."""
+    resp = served.client.chat.completions.create(model=served.name, messages=[{"role": "user", "content": "Hi!"}],
+                                                 max_tokens=12, temperature=1.0, seed=9)
+    prompt, ids = extra(resp, "prompt_token_ids"), extra(resp.choices[0], "token_ids")
+    r = httpx.post(served.server.url + "/v1/logprobs", timeout=120, json={
+        "model": served.name, "top_k": 5, "sequences": [{"token_ids": prompt + ids, "start": len(prompt)}]})
+    assert r.status_code == 200, r.text
+    got = r.json()["data"][0]
+    with torch.no_grad():
+        logits = served.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
+    full = torch.log_softmax(logits, dim=-1)
+    want = full.gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+    assert (torch.tensor(got["logprobs"]) - want).abs().max().item() <= 1e-4
+    top_values, top_ids = full.topk(5, dim=-1)
+    assert [[t for t, _ in row] for row in got["top"]] == top_ids.tolist()
+    assert (torch.tensor([[v for _, v in row] for row in got["top"]]) - top_values).abs().max().item() <= 1e-4
+    rest = torch.logsumexp(full.scatter(1, top_ids, float("-inf")), dim=-1)
+    assert (torch.tensor(got["rest"]) - rest).abs().max().item() <= 1e-4
+
+
 def test_a_turn_after_a_long_prompt_reuses_its_prefix_and_samples_as_a_full_prefill_would(served):
     """The next turn of a conversation prefills only its new tokens (the engine's prefix cache)."""
     client = served.client

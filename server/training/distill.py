@@ -1,0 +1,81 @@
+"""On-policy distillation in an RL step (protocol/config.py: Distill). The teacher, a model this
+server serves on the same base, scores the student's sampled tokens; each gets
+coef * (log p_teacher - log p_sampler) as an advantage of its own (server/training/advantages.py),
+beside its trajectory's reward advantage or alone."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from protocol.config import Distill
+from protocol.names import split_policy
+from server.model import scoring
+from server.model.host import ModelHost
+from server.training.advantages import reverse_kl_advantages
+from server.training.assemble import TrainSequence
+
+# (host, teacher name, [(token ids, first scored position)]) -> the teacher's logprobs of each
+# sequence's tokens from that position on
+Teacher = Callable[[ModelHost, str, list[tuple[list[int], int]]], list[list[float]]]
+
+
+class TeacherUnavailable(ValueError):
+    """The named teacher cannot score this student's tokens: `missing` (a 404 at submission) or
+    not usable here (a 409)."""
+
+    def __init__(self, message: str, missing: bool = False):
+        super().__init__(message)
+        self.missing = missing
+
+
+def teacher_problem(runs, host: ModelHost, name: str) -> TeacherUnavailable | None:
+    """Why `name` cannot teach a run of this server's base model; None when it can."""
+    with runs.leased(name) as policy:
+        if policy is None:
+            other = runs.other_model(split_policy(name)[0])
+            if other is not None:
+                return TeacherUnavailable(f"teacher {name!r} cannot score this run's tokens: {other}, with another "
+                                          f"tokenizer; a teacher must be this server's base model or a run of it")
+            return TeacherUnavailable(f"teacher {name!r} is not a model this server serves (the base model, a run, "
+                                      f"or run@step)", missing=True)
+        if not scoring.adapter_here(host, policy.adapter):
+            return TeacherUnavailable(f"teacher {name!r} is served by engine processes outside this one (--replicas "
+                                      f"or vLLM): distilling needs its adapter in the server's own model")
+    return None
+
+
+def teacher_of(runs) -> Teacher:
+    """The teacher as the job worker calls it: resolved by name at each step, its adapter leased
+    while it scores."""
+    def logprobs(host: ModelHost, name: str, sequences: list[tuple[list[int], int]]) -> list[list[float]]:
+        with runs.leased(name) as policy:
+            if policy is None or not scoring.adapter_here(host, policy.adapter):
+                raise teacher_problem(runs, host, name) or TeacherUnavailable(f"teacher {name!r} is unavailable")
+            return [s.logprobs for s in scoring.score(host, policy.adapter, sequences)]
+    return logprobs
+
+
+def scored_span(seq: TrainSequence) -> tuple[list[int], int] | None:
+    """The sequence's ids and its first trained position; None when nothing in it is trained."""
+    first = next((t for t in range(1, len(seq.ids)) if seq.mask[t]), None)
+    return None if first is None else (seq.ids, first)
+
+
+def apply(host: ModelHost, sequences: list[TrainSequence], cfg: Distill, teacher: Teacher) -> float | None:
+    """Each sequence's trained tokens given their reverse-KL advantages, in place; the mean reverse
+    KL (log p_sampler - log p_teacher) over them, or None when nothing is trained."""
+    spans = [(s, span) for s in sequences if (span := scored_span(s)) is not None]
+    if not spans:
+        return None
+    scored = teacher(host, cfg.teacher, [span for _, span in spans])
+    total, n = 0.0, 0
+    for (seq, (_, first)), teacher_lps in zip(spans, scored):
+        trained = [t for t in range(first, len(seq.ids)) if seq.mask[t]]
+        student = [seq.old_logprobs[t] for t in trained]
+        teacher_at = [teacher_lps[t - first] for t in trained]
+        seq.token_advantages = [0.0] * len(seq.ids)
+        for t, a in zip(trained, reverse_kl_advantages(student, teacher_at, cfg.coef)):
+            seq.token_advantages[t] = a
+        total += sum(s - te for s, te in zip(student, teacher_at))
+        n += len(trained)
+    return total / n
