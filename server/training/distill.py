@@ -11,6 +11,7 @@ from protocol.config import Distill
 from protocol.names import split_policy
 from server.model import scoring
 from server.model.host import ModelHost
+from server.runs.facade import Runs
 from server.training.advantages import reverse_kl_advantages
 from server.training.assemble import TrainSequence
 
@@ -28,7 +29,7 @@ class TeacherUnavailable(ValueError):
         self.missing = missing
 
 
-def teacher_problem(runs, host: ModelHost, name: str) -> TeacherUnavailable | None:
+def teacher_problem(runs: Runs, host: ModelHost, name: str) -> TeacherUnavailable | None:
     """Why `name` cannot teach a run of this server's base model; None when it can."""
     with runs.leased(name) as policy:
         if policy is None:
@@ -44,7 +45,7 @@ def teacher_problem(runs, host: ModelHost, name: str) -> TeacherUnavailable | No
     return None
 
 
-def teacher_of(runs) -> Teacher:
+def teacher_of(runs: Runs) -> Teacher:
     """The teacher as the job worker calls it: resolved by name at each step, its adapter leased
     while it scores."""
     def logprobs(host: ModelHost, name: str, sequences: list[tuple[list[int], int]]) -> list[list[float]]:
