@@ -22,9 +22,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedR
 
 def scorable(state: ServerState, policy: Policy) -> None:
     if not scoring.adapter_here(state.host, policy.adapter):
-        raise APIError(409, f"{policy.name!r} is served by engine processes outside this one (--replicas or vLLM): "
-                            f"scoring tokens needs its adapter in the server's own model",
-                       param="model", code="not_scorable_here")
+        raise APIError(409, scoring.elsewhere(policy.name), param="model", code="not_scorable_here")
 
 
 @router.post("/v1/logprobs", responses=documented(404, 409))

@@ -28,6 +28,12 @@ def adapter_here(host: ModelHost, adapter: str | None) -> bool:
     return adapter is None or (host.has_adapters and adapter in host.model.peft_config)
 
 
+def elsewhere(name: str) -> str:
+    """Why the served `name` cannot be scored here (adapter_here is False)."""
+    return (f"{name!r} is served by engine processes outside this one (--replicas or vLLM): scoring its tokens "
+            f"needs its adapter in the server's own model")
+
+
 def batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Sequence indices in padded batches of at most `max_tokens` (rows x longest), shortest first."""
     out: list[list[int]] = []

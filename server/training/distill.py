@@ -40,8 +40,7 @@ def teacher_problem(runs: Runs, host: ModelHost, name: str) -> TeacherUnavailabl
             return TeacherUnavailable(f"teacher {name!r} is not a model this server serves (the base model, a run, "
                                       f"or run@step)", missing=True)
         if not scoring.adapter_here(host, policy.adapter):
-            return TeacherUnavailable(f"teacher {name!r} is served by engine processes outside this one (--replicas "
-                                      f"or vLLM): distilling needs its adapter in the server's own model")
+            return TeacherUnavailable(f"teacher {scoring.elsewhere(name)}")
     return None
 
 
