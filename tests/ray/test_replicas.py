@@ -259,3 +259,14 @@ def test_health_is_degraded_while_a_replica_is_down_and_ok_once_it_is_back(srv):
         assert seen["status"] == "degraded", seen
         assert any(p.startswith("engine replica 1 is down (1 of 2 up)") for p in seen["problems"]), seen
     assert health["status"] == "ok" and health["problems"] == [], health
+
+
+async def test_the_teacher_route_scores_the_base_model_but_not_a_run_whose_adapter_is_on_the_replicas(srv):
+    await TrainableModel("scored").register(srv.url)
+    base = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"sequences": [{"token_ids": [1, 2, 3]}]}
+    r = httpx.post(srv.url + "/v1/logprobs", json={"model": "scored", **body}, timeout=60)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "not_scorable_here", r.text
+    assert "--replicas or vLLM" in r.json()["error"]["message"]
+    r = httpx.post(srv.url + "/v1/logprobs", json={"model": base, **body}, timeout=60)
+    assert r.status_code == 200 and len(r.json()["data"][0]["logprobs"]) == 2, r.text
