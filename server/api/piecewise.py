@@ -11,6 +11,7 @@ and the whole body's validation reports it at its place.
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from typing import Any
@@ -41,16 +42,21 @@ def body_model(annotation: Any, discriminator: str | None, value: Any) -> type[B
     return None
 
 
+@functools.cache
+def model_lists(model: type[BaseModel]) -> tuple[tuple[str, type[BaseModel]], ...]:
+    """(JSON key, item model) of each list-of-models field of `model`: read once per model, not per item."""
+    return tuple((field.alias or name, item) for name, field in model.model_fields.items()
+                 if (item := list_item_model(field.annotation)) is not None)
+
+
 def prevalidated(model: type[BaseModel], value: Any) -> Any:
     """`value` (parsed JSON meant for `model`) with the items of each list-of-models field replaced,
     in place, by their validated instances; anything else left as it is."""
     if not isinstance(value, dict):
         return value
-    for name, field in model.model_fields.items():
-        item_model = list_item_model(field.annotation)
-        key = field.alias or name
+    for key, item_model in model_lists(model):
         items = value.get(key)
-        if item_model is None or not isinstance(items, list):
+        if not isinstance(items, list):
             continue
         for i, item in enumerate(items):
             item = prevalidated(item_model, item)
