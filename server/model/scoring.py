@@ -46,9 +46,10 @@ def batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 def score(host: ModelHost, adapter: str | None, sequences: list[tuple[list[int], int]], top_k: int = 0,
-          max_tokens: int = 8192) -> list[Scored]:
+          max_tokens: int = 8192, temperatures: list[list[float]] | None = None) -> list[Scored]:
     """For each (token ids, start): the logprob of every token from `start` (at least 1) on, under
-    `adapter` (None: the base model)."""
+    `adapter` (None: the base model); with `temperatures`, each sequence's scored tokens at their own
+    temperature (one per token from `start`), else at 1."""
     out: list[Scored | None] = [None] * len(sequences)
     for batch in batches([len(ids) for ids, _ in sequences], max_tokens):
         width = max(len(sequences[i][0]) for i in batch)
@@ -62,7 +63,10 @@ def score(host: ModelHost, adapter: str | None, sequences: list[tuple[list[int],
                                   attention_mask=mask.to(host.device)).logits
         for row, i in enumerate(batch):
             tokens, start = sequences[i]
-            lp = torch.log_softmax(logits[row, start - 1: len(tokens) - 1].float(), dim=-1)  # predicts tokens[start:]
+            scaled = logits[row, start - 1: len(tokens) - 1].float()  # predicts tokens[start:]
+            if temperatures is not None:
+                scaled = scaled / torch.tensor(temperatures[i], device=scaled.device)[:, None]
+            lp = torch.log_softmax(scaled, dim=-1)
             given = torch.tensor(tokens[start:], device=lp.device).unsqueeze(1)
             scored = Scored(lp.gather(1, given).squeeze(1).tolist())
             if top_k:

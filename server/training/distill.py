@@ -1,7 +1,7 @@
 """On-policy distillation in an RL step (protocol/config.py: Distill). The teacher, a model this
-server serves on the same base, scores the student's sampled tokens; each gets
-coef * (log p_teacher - log p_sampler) as an advantage of its own (server/training/advantages.py),
-beside its trajectory's reward advantage or alone."""
+server serves on the same base, scores the student's sampled tokens at the temperature each was
+sampled at; each gets coef * (log p_teacher - log p_sampler) as an advantage of its own
+(server/training/advantages.py), beside its trajectory's reward advantage or alone."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from server.runs.facade import Runs
 from server.training.advantages import reverse_kl_advantages
 from server.training.assemble import TrainSequence
 
-# (host, teacher name, [(token ids, first scored position)]) -> the teacher's logprobs of each
-# sequence's tokens from that position on
-Teacher = Callable[[ModelHost, str, list[tuple[list[int], int]]], list[list[float]]]
+# (host, teacher name, [(token ids, first scored position, each scored token's temperature)]) ->
+# the teacher's logprobs of each sequence's tokens from that position on, at those temperatures
+Span = tuple[list[int], int, list[float]]
+Teacher = Callable[[ModelHost, str, list[Span]], list[list[float]]]
 
 
 class TeacherUnavailable(ValueError):
@@ -47,18 +48,23 @@ def teacher_problem(runs: Runs, host: ModelHost, name: str) -> TeacherUnavailabl
 def teacher_of(runs: Runs) -> Teacher:
     """The teacher as the job worker calls it: resolved by name at each step, its adapter leased
     while it scores."""
-    def logprobs(host: ModelHost, name: str, sequences: list[tuple[list[int], int]]) -> list[list[float]]:
+    def logprobs(host: ModelHost, name: str, spans: list[Span]) -> list[list[float]]:
         with runs.leased(name) as policy:
             if policy is None or not scoring.adapter_here(host, policy.adapter):
                 raise teacher_problem(runs, host, name) or TeacherUnavailable(f"teacher {name!r} is unavailable")
-            return [s.logprobs for s in scoring.score(host, policy.adapter, sequences)]
+            return [s.logprobs for s in scoring.score(host, policy.adapter, [(ids, first) for ids, first, _ in spans],
+                                                      temperatures=[temps for _, _, temps in spans])]
     return logprobs
 
 
-def scored_span(seq: TrainSequence) -> tuple[list[int], int] | None:
-    """The sequence's ids and its first trained position; None when nothing in it is trained."""
+def scored_span(seq: TrainSequence) -> Span | None:
+    """The sequence's ids, its first trained position and the temperatures its tokens from there
+    were sampled at; None when nothing in it is trained. The teacher is read at the temperature the
+    student sampled at: the student's logprobs are its tempered ones, and against a teacher at 1
+    the confident tokens of a student equal to its teacher would still get negative advantages
+    (a T=0.6 student learned, then declined, as they flattened it)."""
     first = next((t for t in range(1, len(seq.ids)) if seq.mask[t]), None)
-    return None if first is None else (seq.ids, first)
+    return None if first is None else (seq.ids, first, seq.temperatures[first:])
 
 
 def apply(host: ModelHost, sequences: list[TrainSequence], cfg: Distill, teacher: Teacher) -> float | None:
@@ -69,7 +75,7 @@ def apply(host: ModelHost, sequences: list[TrainSequence], cfg: Distill, teacher
         return None
     scored = teacher(host, cfg.teacher, [span for _, span in spans])
     total, n = 0.0, 0
-    for (seq, (_, first)), teacher_lps in zip(spans, scored):
+    for (seq, (_, first, _)), teacher_lps in zip(spans, scored):
         trained = [t for t in range(first, len(seq.ids)) if seq.mask[t]]
         student = [seq.old_logprobs[t] for t in trained]
         teacher_at = [teacher_lps[t - first] for t in trained]

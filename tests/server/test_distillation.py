@@ -40,9 +40,9 @@ def _agent_turns() -> TrainSequence:
     """A prompt, a sampled turn, a tool result, another sampled turn: trained tokens at 3-4 and 7."""
     s = TrainSequence()
     s.extend([1, 2, 3], trained=False)
-    s.extend([4, 5], trained=True, logprobs=[-1.0, -2.0])
+    s.extend([4, 5], trained=True, logprobs=[-1.0, -2.0], temperature=0.6)
     s.extend([6, 7], trained=False)
-    s.extend([8], trained=True, logprobs=[-0.5])
+    s.extend([8], trained=True, logprobs=[-0.5], temperature=0.6)
     return s
 
 
@@ -55,7 +55,8 @@ def test_only_sampled_tokens_get_the_teacher_s_advantage_and_the_step_reports_th
         return [[-1.5, -1.0, -9.0, -9.0, -0.5]]  # tokens 3..7: trained at 3, 4 and 7
 
     kl = distill.apply(None, [seq, TrainSequence()], Distill(teacher="t", coef=2.0), teacher)
-    assert seen == [("t", [(seq.ids, 3)])]  # scored from the first trained token; an empty sequence not at all
+    # scored from the first trained token, at each token's sampling temperature; an empty sequence not at all
+    assert seen == [("t", [(seq.ids, 3, [0.6, 0.6, 1.0, 1.0, 0.6])])]
     assert seq.token_advantages == [0.0, 0.0, 0.0, 2 * (-1.5 + 1.0), 2 * (-1.0 + 2.0), 0.0, 0.0, 2 * (-0.5 + 0.5)]
     assert kl == pytest.approx(((-1.0 + 1.5) + (-2.0 + 1.0) + 0.0) / 3)
     mb = make_microbatch([seq], [0], torch.device("cpu"))
@@ -94,9 +95,9 @@ def test_scoring_batches_hold_every_sequence_once_within_the_budget():
 
 # ---- against the real server ------------------------------------------------------------------
 
-def _sample(url: str, model: str, n: int, seed: int) -> list:
+def _sample(url: str, model: str, n: int, seed: int, temperature: float = 1.0) -> list:
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-    r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8, n=n, temperature=1.0,
+    r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8, n=n, temperature=temperature,
                                        seed=seed, logprobs=True)
     return [(r.model_extra["prompt_token_ids"], c) for c in r.choices]
 
@@ -141,6 +142,18 @@ def test_the_teacher_route_refuses_what_it_cannot_score(taught):
     r = post({"model": "teacher", "sequences": [{"token_ids": [1, 2], "start": 2}]})
     assert r.status_code == 400 and "leaves nothing to score" in r.text, r.text
     assert httpx.get(taught.url + "/health").json()["status"] == "ok"
+
+
+async def test_a_student_sampled_below_temperature_1_is_at_zero_kl_from_a_teacher_equal_to_it(taught):
+    """The teacher is read at the temperature the student sampled at: a fresh run (its LoRA starts
+    at zero) distilled from the base model it is equal to has nothing to learn. Read at 1 against
+    the student's T=0.6 logprobs, its confident tokens were pushed down (a mean KL of about 0.1 here)."""
+    student = await TrainableModel("cold-student").register(taught.url)
+    trajectories = [Trajectory(messages_and_choices=[*QUESTION, choice], reward=0.0)
+                    for _, choice in _sample(taught.url, student.name, 8, seed=5, temperature=0.6)]
+    result = await student.train([TrajectoryGroup(trajectories=trajectories)],
+                                 TrainConfig(learning_rate=1e-3, distill=Distill(teacher="artisan-tiny")))
+    assert abs(result.metrics.teacher_kl) < 1e-4, result.metrics.teacher_kl
 
 
 async def _distill_step(student: TrainableModel, url: str, seed: int, teacher: str = "teacher"):
