@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from protocol.config import SFTConfig, TrainConfig
+from protocol.config import RUN_NAME, SFTConfig, TrainConfig
 from protocol.metrics import StepMetrics
 from protocol.trajectory import MAX_ABS_REWARD, Conversation, TrajectoryGroup
 
@@ -103,6 +103,41 @@ class SessionJob(BaseModel):
     def _values(self) -> "SessionJob":
         check_values([g.value for g in self.groups], self.config)
         return self
+
+
+class _Joint(BaseModel):
+    """Jobs of several runs under one idempotency key, given once, at the top."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    idempotency_key: str | None = Field(default=None, pattern=IDEMPOTENCY_KEY)
+
+    @model_validator(mode="after")
+    def _one_key(self) -> "_Joint":
+        for name, job in self.jobs.items():
+            if job.idempotency_key not in (None, self.idempotency_key):
+                raise ValueError(f"jobs[{name!r}] has an idempotency_key of its own: a joint job has one, at its top")
+        return self
+
+
+RunName = Annotated[str, Field(pattern=RUN_NAME)]
+
+
+class JointJob(_Joint):
+    """RL jobs of several runs (the roles of one multi-agent episode) trained at one step boundary:
+    every run's step is computed before any is committed, and a step that fails or is cancelled
+    before the commits rolls every run back. Each run gets a job of its own to follow, under the
+    one idempotency key; a commit that fails after another run's landed (a full disk, a crash)
+    leaves the landed one, and the same submission trains only the runs whose step did not."""
+
+    jobs: dict[RunName, RLJob] = Field(min_length=2, max_length=16, description="each run's job")
+
+
+class JointSessionJob(_Joint):
+    """A JointJob whose parts are session jobs: each role's harness recorded sessions under its own
+    run's session URLs, and every run trains on its sessions at one step boundary."""
+
+    jobs: dict[RunName, SessionJob] = Field(min_length=2, max_length=16, description="each run's session job")
 
 
 JobRequest = Annotated[Union[RLJob, SFTJob], Field(discriminator="kind")]

@@ -15,17 +15,18 @@ base URL with one path segment too many or too few otherwise gets a bare "Not Fo
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import uuid
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Header, Request
 
-from protocol.jobs import RLJob, ScoredSession, SessionJob
+from protocol.jobs import JointSessionJob, RLJob, ScoredSession, SessionJob
 from protocol.trajectory import Trajectory, TrajectoryGroup
-from server.api.auth import caller, require_api_key
-from server.api.deps import RunDep, ServerState, SessionId, State, session_error
+from server.api.auth import CallerDep, caller, require_api_key
+from server.api.deps import RunDep, ServerState, SessionId, State, get_run as run_named, session_error
 from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
-from server.api.training_routes import LeaseChecked, accepted, key_reused, queue_job
+from server.api.training_routes import LeaseChecked, accepted, check_job, check_lease, key_reused, queue_job
 from server.harness.sessions import SessionError
 from server.runs.run import Run
 from server.training.jobs import KeyConflict, body_hash
@@ -70,12 +71,26 @@ async def submit_session_job(run: RunDep, body: SessionJob, request: Request, st
 
 async def _new_session_job(state: ServerState, run: Run, body: SessionJob, owner: str, digest: str
                            ) -> dict[str, Any]:
-    """Take the sessions (none in flight, none another job took), assemble their trajectories and
-    queue the job with them stored; the sessions are given back if it is not queued."""
+    """Take the sessions, and queue the job assembled from them with its groups stored; the
+    sessions are given back if it is not queued."""
+    token, job = _take_sessions(state, body, owner)
+    try:
+        answer = await queue_job(state, run, job, digest, keep_request=True)
+    except BaseException:
+        state.sessions.release(token)
+        raise
+    await asyncio.to_thread(state.sessions.settle, token, answer["job_id"])  # it writes the store
+    return answer
+
+
+def _take_sessions(state: ServerState, body: SessionJob, owner: str, field: str = "") -> tuple[str, RLJob]:
+    """Claim the sessions (none in flight, none another job took) and assemble their trajectories:
+    the claim's token and the RL job; nothing stays claimed if assembly fails. `field` prefixes
+    the field an error names."""
     where = {}  # each session's first place in the body, for the field an error names
     for gi, g in enumerate(body.groups):
         for si, s in enumerate(g.sessions):
-            where.setdefault(s.session_id, f"groups[{gi}].sessions[{si}]")
+            where.setdefault(s.session_id, f"{field}groups[{gi}].sessions[{si}]")
     try:
         token = state.sessions.claim(where, owner, lambda holder: _still_holds(state, holder))
     except SessionError as e:
@@ -84,13 +99,49 @@ async def _new_session_job(state: ServerState, run: Run, body: SessionJob, owner
         groups = [TrajectoryGroup(trajectories=[_trajectory(state, s, owner, where) for s in g.sessions],
                                   exceptions=g.exceptions, value=g.value,
                                   metadata={"sessions": [s.session_id for s in g.sessions]}) for g in body.groups]
-        job = RLJob(groups=groups, config=body.config, idempotency_key=body.idempotency_key)
-        answer = await queue_job(state, run, job, digest, keep_request=True)
+        return token, RLJob(groups=groups, config=body.config, idempotency_key=body.idempotency_key)
     except BaseException:
         state.sessions.release(token)
         raise
-    await asyncio.to_thread(state.sessions.settle, token, answer["job_id"])  # it writes the store
-    return answer
+
+
+@router.post("/v1/joint-session-jobs", status_code=202, responses=documented(400, 404, 409))
+async def submit_joint_session_job(body: JointSessionJob, request: Request, state: State, who: CallerDep,
+                                   lease: Annotated[str | None, Header(alias="X-Artisan-Lease", max_length=64)] = None
+                                   ) -> dict[str, Any]:
+    """Session jobs of several runs (each role's harness recorded its own sessions) trained as one
+    unit, as `/v1/joint-jobs` trains RL jobs: each run's part is its key's job when it has one,
+    else assembled from its sessions, which it takes."""
+    key, owner = body.idempotency_key or uuid.uuid4().hex, caller(request)
+    parts, taken = [], []
+    try:
+        for name, part in body.jobs.items():
+            run = run_named(name, state, who)
+            check_lease(run, state, lease)
+            part = part.model_copy(update={"idempotency_key": key})
+            digest = body_hash(part)
+            try:
+                known = state.jobs.known(run.name, key, digest)
+            except KeyConflict as e:
+                raise key_reused(e)
+            job = None if known is None else await asyncio.to_thread(state.jobs.kept_request, known.id)
+            if job is None:
+                token, job = _take_sessions(state, part, owner, f"jobs[{name!r}].")
+                taken.append((run.name, token))
+            await check_job(state, job, f"jobs[{name!r}].")
+            parts.append((run, job, digest))
+        try:
+            submitted = await asyncio.to_thread(state.jobs.submit_together, parts, True)
+        except KeyConflict as e:
+            raise key_reused(e)
+    except BaseException:
+        for _, token in taken:
+            state.sessions.release(token)
+        raise
+    ids = {job.run: job.id for job, _ in submitted}
+    for run_name, token in taken:
+        await asyncio.to_thread(state.sessions.settle, token, ids[run_name])  # it writes the store
+    return {"idempotency_key": key, "jobs": {job.run: accepted(job, created) for job, created in submitted}}
 
 
 def _still_holds(state: ServerState, holder: str) -> bool:

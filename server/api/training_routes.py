@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
@@ -12,10 +13,10 @@ from pydantic import BaseModel, Field
 
 from protocol.choices import INT64
 from protocol.config import RunSpec
-from protocol.jobs import TERMINAL_EVENTS, JobRequest, RLJob, SFTJob
+from protocol.jobs import TERMINAL_EVENTS, JobRequest, JointJob, RLJob, SFTJob
 from protocol.trajectory import TrajectoryGroup
 from server.api.auth import Caller, CallerDep, require_api_key
-from server.api.deps import RunDep, ServerState, State, may_see_run, other_model
+from server.api.deps import RunDep, ServerState, State, get_run as run_named, may_see_run, other_model
 from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
 from server.runs.base_models import OtherModel, RunConflict
@@ -156,27 +157,51 @@ async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob, digest: s
                     keep_request: bool = False) -> dict[str, Any]:
     """Check what only this model can tell about a job, then queue it (once per idempotency key;
     `digest` and `keep_request` as JobManager.submit's)."""
-    try:
-        bounds.check_steps(bounds.requested_steps(job), state.jobs.max_optimizer_steps, "asks for")
-    except bounds.TooLarge as e:
-        raise APIError(400, str(e), param="config", code="job_too_large")
-    if isinstance(job, RLJob):
-        try:
-            await asyncio.to_thread(check_submission, job.groups, state.host.vocab_size, state.host.fingerprint)
-        except AssemblyError as e:
-            raise APIError(400, str(e), param="groups", code="invalid_trajectory")
-        if job.config.distill is not None:
-            teacher = job.config.distill.teacher
-            problem = await asyncio.to_thread(distill.teacher_problem, state.runs, state.host, teacher)
-            if problem is not None:
-                raise APIError(404 if problem.missing else 409, str(problem), param="config.distill.teacher",
-                               code="teacher_unavailable")
+    await check_job(state, job)
     try:
         # In a thread: hashing and storing a large job's body would hold up every other request.
         submitted, created = await asyncio.to_thread(state.jobs.submit, run, job, digest, keep_request)
     except KeyConflict as e:
         raise key_reused(e)
     return accepted(submitted, created)
+
+
+@router.post("/v1/joint-jobs", status_code=202, responses=documented(400, 404, 409))
+async def submit_joint_job(body: JointJob, state: State, who: CallerDep, lease: Annotated[
+        str | None, Header(alias="X-Artisan-Lease", max_length=64)] = None) -> dict[str, Any]:
+    """RL jobs of several runs trained at one step boundary (protocol/jobs.py JointJob): each run is
+    checked as its own route checks it, then one job per run is queued, and they train as one unit."""
+    key = body.idempotency_key or uuid.uuid4().hex
+    parts = []
+    for name, job in body.jobs.items():
+        run = run_named(name, state, who)
+        check_lease(run, state, lease)
+        await check_job(state, job, f"jobs[{name!r}].")
+        parts.append((run, job.model_copy(update={"idempotency_key": key}), None))
+    try:
+        submitted = await asyncio.to_thread(state.jobs.submit_together, parts)
+    except KeyConflict as e:
+        raise key_reused(e)
+    return {"idempotency_key": key, "jobs": {job.run: accepted(job, created) for job, created in submitted}}
+
+
+async def check_job(state: ServerState, job: RLJob | SFTJob, where: str = "") -> None:
+    """What only this model can tell about a job (its size, token ids, teacher): a 4xx naming the field."""
+    try:
+        bounds.check_steps(bounds.requested_steps(job), state.jobs.max_optimizer_steps, "asks for")
+    except bounds.TooLarge as e:
+        raise APIError(400, str(e), param=where + "config", code="job_too_large")
+    if isinstance(job, RLJob):
+        try:
+            await asyncio.to_thread(check_submission, job.groups, state.host.vocab_size, state.host.fingerprint)
+        except AssemblyError as e:
+            raise APIError(400, str(e), param=where + "groups", code="invalid_trajectory")
+        if job.config.distill is not None:
+            teacher = job.config.distill.teacher
+            problem = await asyncio.to_thread(distill.teacher_problem, state.runs, state.host, teacher)
+            if problem is not None:
+                raise APIError(404 if problem.missing else 409, str(problem), param=where + "config.distill.teacher",
+                               code="teacher_unavailable")
 
 
 def key_reused(e: KeyConflict) -> APIError:

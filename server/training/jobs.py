@@ -100,6 +100,13 @@ class Job:
     n_events: int = 0
     attempt_from: int = 0  # first event of the current attempt (a resubmitted interrupted job runs again)
     cancel: threading.Event = field(default_factory=threading.Event)
+    # Jobs of other runs trained with this one as a unit (a JointJob), queued behind this one alone.
+    partners: list["Job"] = field(default_factory=list)
+    ended: bool = False  # its end is stored, or kept in memory (_remember)
+
+    @property
+    def unit(self) -> list["Job"]:
+        return [self, *self.partners]
 
     def record(self) -> dict[str, Any]:
         return {"id": self.id, "run": self.run, "kind": self.kind, "idempotency_key": self.key,
@@ -223,25 +230,41 @@ class JobManager:
         """Returns (job, created). A known key returns its job; an interrupted one runs again.
         `digest` stands for the body when the request was made from another (a session job's);
         `keep_request` stores the request with the job, for a body that cannot be sent again."""
-        key, digest = request.idempotency_key or uuid.uuid4().hex, digest or body_hash(request)
+        return self.submit_together([(run, request, digest)], keep_request)[0]
+
+    def submit_together(self, parts: list[tuple[Run, RLJob | SFTJob, str | None]],
+                        keep_request: bool = False) -> list[tuple[Job, bool]]:
+        """One job per (run, request, digest), trained as one unit (protocol/jobs.py JointJob): the
+        first new one is queued and takes the others with it. Every key is checked before any job is
+        stored, so a conflict on one run leaves no job on another."""
         with self._lock:
-            known = self._known(run.name, key, digest)
-            if known is not None and known.status != "interrupted":
-                return known, False
-            job = Job(known.id if known else "job-" + uuid.uuid4().hex[:16], run.name, request.kind, key, digest,
-                      request=request)
-            job.n_events = job.attempt_from = known.n_events if known else 0
-            # first: a store that cannot take it (a full disk) leaves no trace
-            self.store.jobs.put(job.record(), request.model_dump_json() if keep_request else None)
-            self._active[job.id] = job
-        try:
-            self._event(job, "queued", {"position": self.queued()})
-        except Exception:  # the job is stored, so it is accepted: it runs without its queued event
-            log.exception("job %s: its queued event could not be stored", job.id)
-        with self._turns:
-            self._queues.setdefault(job.run, deque()).append(job)
-            self._turns.notify_all()
-        return job, True
+            keyed = [(run, request, request.idempotency_key or uuid.uuid4().hex, digest or body_hash(request))
+                     for run, request, digest in parts]
+            known = [self._known(run.name, key, digest) for run, _, key, digest in keyed]
+            out: list[tuple[Job, bool]] = []
+            for (run, request, key, digest), was in zip(keyed, known):
+                if was is not None and was.status != "interrupted":
+                    out.append((was, False))
+                    continue
+                job = Job(was.id if was else "job-" + uuid.uuid4().hex[:16], run.name, request.kind, key, digest,
+                          request=request)
+                job.n_events = job.attempt_from = was.n_events if was else 0
+                # first: a store that cannot take it (a full disk) leaves no trace
+                self.store.jobs.put(job.record(), request.model_dump_json() if keep_request else None)
+                self._active[job.id] = job
+                out.append((job, True))
+        new = [job for job, created in out if created]
+        for job in new:
+            try:
+                self._event(job, "queued", {"position": self.queued()})
+            except Exception:  # the job is stored, so it is accepted: it runs without its queued event
+                log.exception("job %s: its queued event could not be stored", job.id)
+        if new:
+            new[0].partners = new[1:]
+            with self._turns:
+                self._queues.setdefault(new[0].run, deque()).append(new[0])
+                self._turns.notify_all()
+        return out
 
     def queued(self) -> int:
         with self._turns:
@@ -296,9 +319,9 @@ class JobManager:
             job = self._active.get(job_id)
         if job is None:
             return self.store.jobs.get(job_id)
-        job.cancel.set()
+        job.cancel.set()  # a partner of a joint job is in no queue: its unit sees this when it starts
         if self._unqueue(job):
-            self._finish(job, lambda: self._end(job, "cancelled", "cancelled before it started", "cancelled"))
+            self._finish(job, lambda: self._end_all(job.unit, "cancelled", "cancelled before it started", "cancelled"))
         return job.record()
 
     def cancel_run(self, run: str) -> None:
@@ -309,7 +332,7 @@ class JobManager:
         for job in jobs:
             self.cancel(job.id)
         with self._turns:
-            while self.running is not None and self.running.run == run:
+            while self.running is not None and any(j.run == run for j in self.running.unit):
                 self._turns.wait(0.1)
 
     def _event(self, job: Job, type_: str, data: dict[str, Any]) -> None:
@@ -331,76 +354,118 @@ class JobManager:
             body()
         except Exception as exc:  # a roll-back or a store write failed too: this job ends, the worker goes on
             log.exception("job %s could not end cleanly", job.id)
-            self._end_unstored(job, f"{type(exc).__name__}: {exc}")
+            for j in job.unit:
+                if not j.ended:
+                    self._end_unstored(j, f"{type(exc).__name__}: {exc}")
         finally:
-            job.request = None
-            with self._lock:
-                self._active.pop(job.id, None)
+            for j in job.unit:
+                j.request = None
+                with self._lock:
+                    self._active.pop(j.id, None)
 
     def _run(self, job: Job) -> None:
-        run = self.runs.get(job.run)
-        if job.cancel.is_set() or run is None:
-            return self._end(job, "cancelled", "cancelled before it started", "cancelled")
-        job.status = "running"
-        self.store.jobs.put(job.record())
-        self._event(job, "started", {"step": run.step})
+        """A job and its partners (most jobs have none): every step computed, then each committed;
+        a failure before the commits rolls every run back (commit.py), one at a commit leaves the
+        steps already committed, which their checkpoints hold."""
+        jobs = job.unit
+        runs = [self.runs.get(j.run) for j in jobs]
+        if any(j.cancel.is_set() for j in jobs) or None in runs:
+            why = "cancelled before it started" + ("" if None not in runs else ": a run of its joint job was deleted")
+            for j, run in zip(jobs, runs):
+                if run is None:  # deleted, with its jobs' records: nothing to write back
+                    j.ended = True
+                else:
+                    self._end(j, "cancelled", why, "cancelled")
+            return
+        for j, run in zip(jobs, runs):
+            j.status = "running"
+            self.store.jobs.put(j.record())
+            self._event(j, "started", {"step": run.step, **({"with": [p.run for p in jobs if p is not j]}
+                                                             if len(jobs) > 1 else {})})
         queued = max(0.0, time.time() - job.created)  # this attempt's: a resubmitted job is created anew
         deadline = time.monotonic() + self.time_limit
-        stop = lambda: job.cancel.is_set() or time.monotonic() > deadline  # noqa: E731
-        progress = lambda stage, data: self._event(job, "progress", {"stage": stage, **data})  # noqa: E731
-        attempt = Attempt(job.id, job.key, job.request, run.next_step)
+        stop = lambda: any(j.cancel.is_set() for j in jobs) or time.monotonic() > deadline  # noqa: E731
+        attempts = [Attempt(j.id, j.key, j.request, run.next_step) for j, run in zip(jobs, runs)]
+        at, begun, results = 0, 0, []  # the job being worked on; jobs whose step began; commits' results
         try:
             crash_point("step_start")
-            computed = steps.compute(run, job.request, steps.Hooks(progress, stop, self.optimize,
-                                                                   self.max_optimizer_steps, self.teacher))
-            computed.metrics.queue_seconds = queued
-            result = commit_step(self.targets, run, attempt, computed)
-        except Cancelled:
-            if job.cancel.is_set():
-                roll_back(self.targets, run, attempt, "cancelled",
-                          "The job was cancelled before its step was committed; the run is unchanged.")
-                return self._end(job, "cancelled", "cancelled", "cancelled")
-            why = f"ran past its time limit of {self.time_limit:.0f}s"
-            roll_back(self.targets, run, attempt, "failed",
-                      f"The job {why} and was stopped before its step was committed; the run is unchanged. "
-                      f"Submit fewer groups or epochs, or raise art-server --job-time-limit.")
-            return self._end(job, "failed", why, "error")
-        except steps.StepFailed as exc:  # an update that must not be served: the run's problem, not the server's
-            why = f"StepFailed: {exc}"
-            roll_back(self.targets, run, attempt, "failed", why, exc.metrics)
-            return self._end(job, "failed", why, "error")
-        except Interrupted as exc:  # a lost machine's, not the job's: the same key runs it again
-            why = f"{type(exc).__name__}: {exc}"
-            roll_back(self.targets, run, attempt, "failed", why)
-            return self._end(job, "interrupted", why, "interrupted")
+            computed = []
+            for at, (j, run) in enumerate(zip(jobs, runs)):
+                begun += 1
+                progress = lambda stage, data, j=j: self._event(j, "progress", {"stage": stage, **data})  # noqa: E731
+                computed.append(steps.compute(run, j.request, steps.Hooks(
+                    progress, stop, self.optimize, self.max_optimizer_steps, self.teacher)))
+                computed[-1].metrics.queue_seconds = queued
+            for at, (run, attempt, step) in enumerate(zip(runs, attempts, computed)):
+                results.append(commit_step(self.targets, run, attempt, step))
         except Exception as exc:
-            log.exception("job %s failed", job.id)
-            why = f"{type(exc).__name__}: {exc}"
-            if storage_failure(exc):
-                self.fault = f"job {job.id} of run {job.run} could not write to the data directory: {why}"
-            roll_back(self.targets, run, attempt, "failed", why)
-            return self._end(job, "failed", why, "error")
+            self._fail(jobs, runs, attempts, at, begun, len(results), exc)
+        for j, result in zip(jobs, results):
+            self._succeed(j, result)
+
+    def _fail(self, jobs: list[Job], runs: list[Run], attempts: list[Attempt], at: int, begun: int, committed: int,
+              exc: Exception) -> None:
+        """The uncommitted jobs of a unit after `exc`, raised by jobs[at]: the runs whose step began
+        rolled back with why, each job ended as the failure says (a partner's naming the run that failed)."""
+        status, outcome, event, why, metrics = self._failure(exc, jobs[at], any(j.cancel.is_set() for j in jobs))
+        failed = jobs[at].run
+        for i in range(committed, len(jobs)):
+            j, said = jobs[i], why if jobs[i].run == failed or len(jobs) == 1 else f"run {failed}'s step: {why}"
+            if i < begun:
+                stored_why = said if status != "cancelled" else \
+                    "The job was cancelled before its step was committed; the run is unchanged."
+                roll_back(self.targets, runs[i], attempts[i], outcome, stored_why,
+                          metrics if j.run == failed else None)
+            self._end(j, status, said if status != "cancelled" else "cancelled", event)
+
+    def _failure(self, exc: Exception, job: Job, cancelled: bool) -> tuple[str, str, str, str, StepMetrics | None]:
+        """(job status, stored outcome, terminal event, why, figures) of a step that raised `exc`."""
+        if isinstance(exc, Cancelled):
+            if cancelled:
+                return "cancelled", "cancelled", "cancelled", "cancelled", None
+            why = f"ran past its time limit of {self.time_limit:.0f}s"
+            return "failed", "failed", "error", (
+                f"The job {why} and was stopped before its step was committed; the run is unchanged. "
+                f"Submit fewer groups or epochs, or raise art-server --job-time-limit."), None
+        why = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, steps.StepFailed):  # an update that must not be served: the run's problem, not the server's
+            return "failed", "failed", "error", why, exc.metrics
+        if isinstance(exc, Interrupted):  # a lost machine's, not the job's: the same key runs it again
+            return "interrupted", "failed", "interrupted", why, None
+        log.error("job %s failed", job.id, exc_info=exc)
+        if storage_failure(exc):
+            self.fault = f"job {job.id} of run {job.run} could not write to the data directory: {why}"
+        return "failed", "failed", "error", why, None
+
+    def _succeed(self, job: Job, result: TrainResult) -> None:
         job.status, job.result = "succeeded", result.model_dump(mode="json")
         self.fault = None
         try:
             self.store.jobs.put(job.record())
             self._event(job, "result", job.result)
+            job.ended = True
         except Exception as exc:  # the step is committed and served: the job succeeded, whatever the store says
             log.exception("job %s: its success could not be stored", job.id)
             self._remember(job, {"seq": job.n_events, "type": "result", "data": job.result},
                            f"job {job.id} of run {job.run} succeeded and could not be recorded: "
                            f"{type(exc).__name__}: {exc}")
 
+    def _end_all(self, jobs: list[Job], status: str, message: str, event: str) -> None:
+        for j in jobs:
+            self._end(j, status, message, event)
+
     def _end(self, job: Job, status: str, message: str, event: str) -> None:
         job.status, job.error = status, message
         self.store.jobs.put(job.record())
         self._event(job, event, {"message": message})
+        job.ended = True
 
     def _remember(self, job: Job, event: dict[str, Any], fault: str) -> None:
         """A job's end kept in memory (its record and terminal event served from here), said on /health."""
         self.fault = fault
         with self._lock:
             self._unstored[job.id] = (job.record(), event)
+        job.ended = True
 
     def _end_unstored(self, job: Job, why: str) -> None:
         """A job whose failure the store could not take either: failed in memory, said on /health."""
