@@ -61,6 +61,12 @@ def check_server_url(url: str, name: str = "server URL") -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
+def session_groups(groups: Iterable[SessionGroup | Iterable[tuple[str, float]]]) -> list[SessionGroup]:
+    """Groups of (session id, reward) pairs, or SessionGroups, as SessionGroups."""
+    return [g if isinstance(g, SessionGroup) else
+            SessionGroup(sessions=[ScoredSession(session_id=sid, reward=r) for sid, r in g]) for g in groups]
+
+
 class TrainableModel:
     def __init__(self, name: str, project: str = "default", base_model: str | None = None,
                  lora: dict[str, Any] | LoraSettings | None = None, retry_seconds: float | None = None):
@@ -197,9 +203,7 @@ class TrainableModel:
     async def train_sessions(self, groups: Iterable[SessionGroup | Iterable[tuple[str, float]]],
                              config: TrainConfig | None = None, idempotency_key: str | None = None) -> TrainResult:
         """Train on sessions the server recorded, each group a list of (session id, reward)."""
-        wire = [g if isinstance(g, SessionGroup) else
-                SessionGroup(sessions=[ScoredSession(session_id=sid, reward=r) for sid, r in g]) for g in groups]
-        job = SessionJob(groups=wire, config=config or TrainConfig(), idempotency_key=idempotency_key)
+        job = SessionJob(groups=session_groups(groups), config=config or TrainConfig(), idempotency_key=idempotency_key)
         return await self._run_job(job, "session-jobs")
 
     async def train_sft(self, conversations: Iterable[Conversation | Trajectory | list[dict[str, Any]]],

@@ -27,12 +27,14 @@ from client.loop.curriculum import Curriculum
 from client.errors import ConfigError, cli_errors, validation_line
 from client.loop.examples import example_options, load_example
 from client.loop.interrupt import run_interruptible
+from client.loop.team_loop import team_loop
 from client.loop.training_loop import RUNS_AT, train_loop
 from client.loop.config import LoopConfig, WarmStart
 from client.loop.ray_rollouts import RayWorkers
 from client.model import DEFAULT_RETRY_SECONDS, check_server_url
 from client.loop.report import interrupted_line
 from protocol.config import Baseline, Distill, LossName, RunSpec, TrainConfig
+from rollouts.team import TeamExample
 
 app = typer.Typer(add_completion=False)
 
@@ -133,6 +135,9 @@ def main(
     distill_coef: float = typer.Option(default(Distill, "coef"), help="The --teacher KL advantage's weight."),
     distill_with_reward: bool = typer.Option(default(Distill, "with_reward"), help="Add the reward's group-relative "
                                              "advantage to the --teacher KL's."),
+    train_roles: str = typer.Option(None, help="A multi-agent example (its roles each train a run, "
+                                    "{--run}-{role}, at one step boundary): the roles to train, comma-separated "
+                                    "[default: every role]; the others sample from where they are."),
     keep_best: bool = typer.Option(default(LoopConfig, "keep_best"), help="At the end, if an earlier evaluated step "
                                    "scored higher on held-out tasks than the latest, serve it under the run's name "
                                    "(the next trained step, from the latest weights, serves again)."),
@@ -140,7 +145,9 @@ def main(
     with cli_errors(debug):
         cfg = loop_config(**config_options(ctx.params, list(ctx.args)))
         try:
-            summary = run_interruptible(train_loop(cfg, load_example(cfg.example, **cfg.example_kwargs)))
+            example = load_example(cfg.example, **cfg.example_kwargs)
+            summary = run_interruptible(team_loop(cfg, example) if isinstance(example, TeamExample)
+                                        else train_loop(cfg, example))
         except KeyboardInterrupt:  # Ctrl-C: how to go on, not a traceback; 130 as a shell's 128 + SIGINT
             at = RUNS_AT.get(cfg.run)
             print(interrupted_line(at and at["step"], bool(at and at["in_flight"])), file=sys.stderr, flush=True)
@@ -171,6 +178,7 @@ def config_options(o: dict[str, Any], example_args: list[str]) -> dict[str, Any]
                 example_kwargs=example_options(example_args),
                 ray=ray_options(o["ray_address"], o["ray_workers"], o["ray_worker_concurrency"]),
                 keep_best=o["keep_best"],
+                train_roles=None if o["train_roles"] is None else [r.strip() for r in o["train_roles"].split(",")],
                 warm_start=None if o["warm_start"] is None else {
                     "demonstrations": o["warm_start"], "epochs": o["warm_start_epochs"],
                     "learning_rate": o["warm_start_learning_rate"]})

@@ -67,6 +67,8 @@ class LoopConfig(BaseModel):
     keep_best: bool = False
     # None: the run starts GRPO from the base model.
     warm_start: WarmStart | None = None
+    # A multi-agent example's roles to train (client/loop/team_loop.py); None: every role.
+    train_roles: list[str] | None = None
 
     @property
     def task_seed(self) -> int:

@@ -61,6 +61,9 @@ def group_hook(cfg: LoopConfig, example: Example, model: TrainableModel):
 async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[str, Any]:
     """The run `cfg` describes; `example` is an Example object to train instead of `cfg.example`'s."""
     example = example or load_example(cfg.example, **cfg.example_kwargs)
+    if cfg.train_roles:
+        raise ConfigError(f"--train-roles: example {example.name!r} has one agent; roles are a multi-agent "
+                          f"example's (rollouts/team.py)")
     for key, value in cfg.rollout_overrides.items():
         if value is not None:
             setattr(example.settings, key, value)
