@@ -6,10 +6,11 @@ demo`'s settings (16 groups x 8 episodes a step, held-out evaluation of 64 tasks
 on one server, seeded: "both" trains the assistant's and the clerk's runs as joint jobs; the
 ablations pass `--train-roles assistant` or `--train-roles clerk`, the other role sampling from its
 untrained start. The baselines are the ablations, measured in the same run. Reported per variant:
-held-out team reward before and after (mean and standard error over seeds), each role's own reward
-after, and each seed's figures.
+held-out team reward before and after (mean and standard error over seeds), and per seed each
+role's own held-out reward before and after (over the episodes it acted in: the clerk acts only
+when the assistant asks).
 
-    python bench/team.py --steps 8                 # 3 variants x seeds 0,1,2, about 40 minutes on 2 cores
+    python bench/team.py --steps 8                 # 3 variants x seeds 0,1,2, about 30 minutes on 2 cores
     python bench/team.py --seeds 0 --steps 4
 
 Prints one JSON line. Not run in CI.
@@ -52,8 +53,9 @@ def train(url: str, run: str, out: Path, steps: int, seed: int, extra: list[str]
     if proc.returncode != 0:
         raise SystemExit(f"{run} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    last = summary["evals"][-1]
+    first, last = summary["evals"][0], summary["evals"][-1]
     return {"before": summary["eval_reward_before"], "after": summary["eval_reward_after"],
+            "roles_before": {r: f["reward"] for r, f in first["roles"].items()},
             "roles_after": {r: f["reward"] for r, f in last["roles"].items()},
             "curve": [[e["step"], e["reward"]] for e in summary["evals"]], "seconds": round(time.monotonic() - started)}
 

@@ -77,7 +77,7 @@ class TeamExample(abc.ABC):
 
     name: str = "team"
     roles: tuple[str, ...] = ()
-    settings: RolloutSettings = RolloutSettings()
+    settings: RolloutSettings  # each role's agent loop samples with these (an instance's own: the CLI overrides them)
 
     @abc.abstractmethod
     def train_tasks(self, seed: int) -> list[Task]: ...

@@ -86,10 +86,10 @@ class TeamLoop:
         # can hold later responses unread (client/model.py).
         self.clients = {r: m.openai_client() for r, m in models.items()}
 
-    @property
-    def step(self) -> int:
-        """The team's step: the trained roles move together, so any of theirs."""
-        return self.models[self.trained[0]].step
+        # The team's step: attempts that stepped any trained role (a role whose groups all scored alike
+        # in an attempt is not stepped, so the runs' own steps can differ); a resumed team goes on
+        # from its furthest run.
+        self.step = max(models[r].step for r in trained)
 
     def seats(self) -> dict[str, Seat]:
         return {r: Seat(self.clients[r], policy_name(m.name, m.step)) for r, m in self.models.items()}
@@ -128,7 +128,9 @@ class TeamLoop:
                             for r in self.models}}
         self.summary["history"].append(record)
         print(step_line(record, self.trained), flush=True)
-        self.idle = 0 if any(r.trained for r in results.values()) else self.idle + 1
+        stepped = any(r.trained for r in results.values())
+        self.step += stepped
+        self.idle = 0 if stepped else self.idle + 1
         if self.idle >= cfg.patience:
             raise RunCannotLearn(f"{self.idle} attempts in a row trained no role: in every group, every episode "
                                  f"scored the same for each trained role (all 0: the task is out of reach from "
@@ -151,12 +153,14 @@ class TeamLoop:
                 await client.close()
 
     async def _run(self) -> dict[str, Any]:
-        cfg = self.cfg
+        cfg, first = self.cfg, self.models[self.trained[0]]
+        self.learning_rate = cfg.train.learning_rate or \
+            (await first.request("GET", f"/v1/runs/{first.name}")).get("default_learning_rate")
         print(f"team {cfg.run} on example {self.example.name}: runs "
               + ", ".join(f"{r} {m.name} at step {m.step}" + ("" if r in self.trained else " (not trained)")
                           for r, m in self.models.items())
-              + f"; training to step {cfg.steps}, {cfg.groups_per_step} groups x {cfg.group_size}, "
-                f"learning rate {cfg.train.learning_rate or 'the server default'}", flush=True)
+              + f"; training to team step {cfg.steps}, {cfg.groups_per_step} groups x {cfg.group_size} episodes, "
+                f"learning rate {figure(self.learning_rate)}, loss {cfg.train.loss}", flush=True)
         await self.evaluate()
         while self.step < cfg.steps:
             await self.train_step()
@@ -171,6 +175,9 @@ class TeamLoop:
 async def team_loop(cfg: LoopConfig, example: TeamExample) -> dict[str, Any]:
     """Every role's run registered (created, or resumed where it is), then trained together to `cfg.steps`."""
     trained = check_team_config(cfg, example)
+    for key, value in cfg.rollout_overrides.items():
+        if value is not None:
+            setattr(example.settings, key, value)
     models = {}
     for role in example.roles:
         models[role] = await TrainableModel(f"{cfg.run}-{role}", project=cfg.project,
