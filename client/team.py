@@ -32,16 +32,16 @@ async def team_groups(example: TeamExample, seats: Mapping[str, Seat], tasks: li
     episode has no trajectory of it; an episode that failed is an exception of every role's group).
     TooManyExceptions past `max_exceptions` (a fraction of the episodes)."""
 
-    async def episode(task: Task, member: int):
+    async def episode(index: int, task: Task, member: int):
         team = Team(seats, example.settings)
-        try:
+        try:  # seeded by the task's place too: a task drawn twice in a batch is two groups, not one twice
             score = await seeded(example.play(team, task),
-                                 None if seed is None else derive_seed(seed, task.id, member))
+                                 None if seed is None else derive_seed(seed, index, task.id, member))
         except Exception as exc:  # the server or an environment failed, not the agents: not a reward
             return exc
         return team.trajectories(score)
 
-    played = await asyncio.gather(*(episode(t, m) for t in tasks for m in range(group_size)))
+    played = await asyncio.gather(*(episode(i, t, m) for i, t in enumerate(tasks) for m in range(group_size)))
     out: dict[str, list[TrajectoryGroup]] = {role: [] for role in seats}
     for i, task in enumerate(tasks):
         episodes = played[i * group_size:(i + 1) * group_size]
