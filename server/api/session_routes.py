@@ -29,7 +29,8 @@ from server.api.limits import GuardedRoute
 from server.api.training_routes import LeaseChecked, accepted, check_job, check_lease, key_reused, queue_job
 from server.harness.sessions import SessionError
 from server.runs.run import Run
-from server.training.jobs import KeyConflict, body_hash
+from server.training.digests import body_hash
+from server.training.jobs import KeyConflict
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))

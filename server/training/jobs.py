@@ -14,17 +14,15 @@ checkpoints, which decide whether a step happened. Jobs can be cancelled, and ru
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from protocol.jobs import TERMINAL_EVENTS, RLJob, SessionJob, SFTJob, TrainResult
+from protocol.jobs import TERMINAL_EVENTS, RLJob, SFTJob, TrainResult
 from protocol.metrics import StepMetrics
 from server.export_queue import ExportQueue
 from server.faults import crash_point
@@ -35,6 +33,7 @@ from server.store import Store, storage_failure
 from server.training import distill, steps
 from server.training.assemble import Cancelled, Interrupted
 from server.training.commit import Attempt, CommitTargets, commit_step, roll_back
+from server.training.digests import body_hash
 from server.training.optimize import optimize
 
 log = logging.getLogger("artisan.jobs")
@@ -43,46 +42,6 @@ ACTIVE = ("queued", "running")
 
 class KeyConflict(ValueError):
     """The idempotency key was used for a different submission (a 409)."""
-
-
-def body_hash(request: RLJob | SFTJob | SessionJob) -> str:
-    """What makes two submissions under one key the same (a session job: its body as sent, not
-    the groups assembled from its sessions, which expire)."""
-    # Dumped a group at a time and hashed as encoded, chunk by chunk (the digest is json.dumps's):
-    # a large job's body in one C call would hold the interpreter, and so the event loop, for a second.
-    groups = getattr(request, "groups", None)
-    payload = request.model_dump(mode="json", exclude={"idempotency_key", "groups"} if groups else {"idempotency_key"})
-    if groups is not None:
-        payload["groups"] = [g.model_dump(mode="json") for g in groups]
-    if isinstance(request, RLJob):
-        # A trajectory sent without start_time got the server's clock as its default: that must not
-        # make a byte-identical retry (curl, other languages) look like another submission.
-        for group, sent in zip(request.groups, payload["groups"]):
-            for t, fields in zip(group.trajectories, sent["trajectories"]):
-                if "start_time" not in t.model_fields_set:
-                    fields.pop("start_time")
-    digest = hashlib.sha256()
-    for chunk in canonical_chunks(payload):
-        digest.update(chunk.encode())
-    return digest.hexdigest()[:32]
-
-
-def canonical_chunks(payload: dict[str, Any]) -> Iterator[str]:
-    """`json.dumps(payload, sort_keys=True)` in pieces, each list at the top level one item at a
-    time: every piece is one short call of the C encoder. (The pure-Python `iterencode` took seconds
-    for a 20 MiB job, competing for the interpreter with the event loop throughout.)"""
-    yield "{"
-    for i, key in enumerate(sorted(payload)):
-        value = payload[key]
-        yield ("" if i == 0 else ", ") + json.dumps(key) + ": "
-        if isinstance(value, list):
-            yield "["
-            for j, item in enumerate(value):
-                yield ("" if j == 0 else ", ") + json.dumps(item, sort_keys=True)
-            yield "]"
-        else:
-            yield json.dumps(value, sort_keys=True)
-    yield "}"
 
 
 @dataclass

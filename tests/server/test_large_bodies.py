@@ -93,6 +93,6 @@ def test_the_body_model_of_a_discriminated_union_is_the_member_its_tag_names():
     {},
 ])
 def test_the_digest_encodes_a_body_in_pieces_to_the_bytes_of_encoding_it_whole(payload):
-    from server.training.jobs import canonical_chunks
+    from server.training.digests import canonical_chunks
 
     assert "".join(canonical_chunks(payload)) == json.dumps(payload, sort_keys=True)
