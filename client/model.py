@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Iterable
 
 import httpx
 from openai import AsyncOpenAI
+from pydantic import BaseModel
 
 from client.errors import ConfigError, RunInUse, ServerError, ServerUnreachable
 from protocol.config import LoraSettings, RunSpec, SFTConfig, TrainConfig
@@ -255,28 +256,40 @@ class TrainableModel:
     # ---- jobs ------------------------------------------------------------------------------
     async def _run_job(self, job: RLJob | SFTJob | SessionJob, route: str = "jobs") -> TrainResult:
         job.idempotency_key = job.idempotency_key or uuid.uuid4().hex
+        return (await self.submit_jobs(f"/v1/runs/{self.name}/{route}", job))[self.name]
+
+    async def submit_jobs(self, path: str, body: BaseModel) -> dict[str, TrainResult]:
+        """POST a training submission (a run's job, or a joint job of several runs: client/team.py)
+        and follow each job it answers with to its end; each run's result, by run name. Sent again,
+        the same body under its key, while a job was interrupted (the server restarted, or a
+        training process was lost with its machine): the key trains each step once. The waits give
+        Ray time to declare a lost node dead (15-30 s), or the next attempt's processes may be placed
+        on it again."""
         # allow_nan: a NaN reward reaches the server and is refused there, with the field named.
-        payload = json.dumps(job.model_dump(mode="json"), allow_nan=True)
-        event: JobEvent | None = None
-        # Resubmitted only when the job was interrupted (the server restarted, or a training process
-        # was lost with its machine): the same key trains once. The waits give Ray time to declare a
-        # lost node dead (15-30 s), or the next attempt's processes may be placed on it again.
+        payload = json.dumps(body.model_dump(mode="json"), allow_nan=True)
+        results: dict[str, TrainResult] = {}
+        interrupted: list[str] = []
         for tries, wait in enumerate(RESUBMIT_WAITS):
             if tries:
-                print(f"artisan: training job {submitted['job_id']} was interrupted ({event.data.get('message')}); "
-                      f"submitting it again in {wait:.0f} s", file=sys.stderr, flush=True)
+                print(f"artisan: training job {'; '.join(interrupted)}; submitting it again in {wait:.0f} s",
+                      file=sys.stderr, flush=True)
             await asyncio.sleep(wait)
-            submitted = await self.request("POST", f"/v1/runs/{self.name}/{route}", content=payload,
-                                           headers={"Content-Type": "application/json"})
-            event = await self._follow(submitted["job_id"], submitted.get("after", -1))
-            if event.type == "result":
-                result = TrainResult.model_validate(event.data)
-                self.step = result.step
-                return result
-            if event.type != "interrupted":
-                raise ServerError(f"training job {submitted['job_id']} {event.type}: {event.data.get('message')}")
-        raise ServerError(f"training job was interrupted {len(RESUBMIT_WAITS)} times: "
-                          f"{event and event.data.get('message')}")
+            answer = await self.request("POST", path, content=payload, headers={"Content-Type": "application/json"})
+            jobs = answer.get("jobs") or {self.name: answer}  # a joint job's answer names one job per run
+            ends = await asyncio.gather(*(self._follow(j["job_id"], j.get("after", -1)) for j in jobs.values()))
+            interrupted = []
+            for run, job, event in zip(jobs, jobs.values(), ends):
+                if event.type == "result":
+                    results[run] = TrainResult.model_validate(event.data)
+                elif event.type == "interrupted":
+                    interrupted.append(f"{job['job_id']} was interrupted ({event.data.get('message')})")
+                else:
+                    raise ServerError(f"training job {job['job_id']} {event.type}: {event.data.get('message')}")
+            if not interrupted:
+                if self.name in results:
+                    self.step = results[self.name].step
+                return results
+        raise ServerError(f"training job was interrupted {len(RESUBMIT_WAITS)} times: {'; '.join(interrupted)}")
 
     async def _follow(self, job_id: str, after: int = -1) -> JobEvent:
         """A job's events to its terminal one, reconnecting after the last event seen."""

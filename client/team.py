@@ -10,14 +10,11 @@ does. Never imports torch.
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import uuid
 from typing import Iterable, Mapping
 
-from client.errors import ServerError
 from client.gather import check_exceptions
-from client.model import RESUBMIT_WAITS, TrainableModel, session_groups
+from client.model import TrainableModel, session_groups
 from protocol.config import TrainConfig
 from protocol.jobs import JointJob, JointSessionJob, RLJob, SessionGroup, SessionJob, TrainResult
 from protocol.trajectory import TrajectoryGroup
@@ -86,34 +83,16 @@ async def train_sessions_together(models: Mapping[str, TrainableModel],
 
 async def _run_joint(models: Mapping[str, TrainableModel], route: str,
                      joint: JointJob | JointSessionJob) -> dict[str, TrainResult]:
-    """Submit a joint job and follow every run's part to its end; an interrupted part sends the
-    whole again under its key, which trains only the parts that did not land."""
+    """Submit a joint job and follow every run's part to its end (TrainableModel.submit_jobs: an
+    interrupted part sends the whole again under its key, which trains only the parts that did not
+    land); each role's result, its model's step moved."""
     names = {m.name: r for r, m in models.items()}
     if len(names) < len(models):
         raise ValueError("two roles train the same run: give each role a run of its own")
-    payload = json.dumps(joint.model_dump(mode="json"), allow_nan=True)
-    first = next(iter(models.values()))
-    results: dict[str, TrainResult] = {}
-    for tries, wait in enumerate(RESUBMIT_WAITS):
-        await asyncio.sleep(wait)
-        submitted = await first.request("POST", f"/v1/{route}", content=payload,
-                                        headers={"Content-Type": "application/json"})
-        ends = await asyncio.gather(*(first._follow(j["job_id"], j.get("after", -1))
-                                      for j in submitted["jobs"].values()))
-        interrupted = []
-        for run, end in zip(submitted["jobs"], ends):
-            if end.type == "result":
-                results[names[run]] = result = TrainResult.model_validate(end.data)
-                models[names[run]].step = result.step
-            elif end.type == "interrupted":
-                interrupted.append(f"{run}: {end.data.get('message')}")
-            else:
-                raise ServerError(f"joint training job, run {run}: {end.type}: {end.data.get('message')}")
-        if not interrupted:
-            return results
-        print(f"artisan: joint training job interrupted ({'; '.join(interrupted)}); submitting it again",
-              file=sys.stderr, flush=True)
-    raise ServerError(f"joint training job was interrupted {len(RESUBMIT_WAITS)} times")
+    results = await next(iter(models.values())).submit_jobs(f"/v1/{route}", joint)
+    for run, result in results.items():
+        models[names[run]].step = result.step
+    return {names[run]: result for run, result in results.items()}
 
 
 __all__ = ["Seat", "Team", "TeamExample", "team_groups", "train_sessions_together", "train_together"]

@@ -21,7 +21,7 @@ from typing import Any
 from client.errors import ConfigError, RunCannotLearn
 from client.loop.config import LoopConfig
 from client.loop.decline import stderr_of
-from client.loop.evaluation import eval_seed
+from client.loop.evaluation import eval_seed, mean_reward
 from client.loop.report import figure
 from client.model import TrainableModel
 from client.team import team_groups, train_together
@@ -54,8 +54,7 @@ def check_team_config(cfg: LoopConfig, example: TeamExample) -> list[str]:
 
 def role_figures(groups: list[TrajectoryGroup]) -> dict[str, Any]:
     """A role's reward over the episodes it acted in, and how many those were."""
-    rewards = [t.reward for g in groups for t in g.trajectories]
-    return {"reward": sum(rewards) / len(rewards) if rewards else None, "episodes": len(rewards)}
+    return {"reward": mean_reward(groups), "episodes": sum(len(g.trajectories) for g in groups)}
 
 
 def step_line(record: dict[str, Any], trained: list[str]) -> str:

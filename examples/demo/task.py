@@ -70,14 +70,18 @@ class ShopEnv(Environment):
     def initial_messages(self) -> list[Message]:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": self.task.data["question"]}]
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+    def asked_item(self, name: str, arguments: dict[str, Any]) -> str:
+        """The item a call asks the price of, the call recorded; a ToolError for any other call."""
         self.calls.append((name, arguments))
         if name != "get_price":
             raise ToolError(f"unknown tool {name!r}")
         item = arguments.get("item")
         if item != self.task.data["item"]:
             raise ToolError(f"unknown item {item!r}")
-        return {"item": item, "price": self.task.data["price"]}
+        return item
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        return {"item": self.asked_item(name, arguments), "price": self.task.data["price"]}
 
     async def score(self, messages: list[Message]) -> Score:
         d = self.task.data

@@ -39,12 +39,7 @@ class AssistantEnv(demo.ShopEnv):
         self.clerk_said: int | None = None
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
-        self.calls.append((name, arguments))
-        if name != "get_price":
-            raise ToolError(f"unknown tool {name!r}")
-        item = arguments.get("item")
-        if item != self.task.data["item"]:  # the shop has one item per episode; the clerk is not asked
-            raise ToolError(f"unknown item {item!r}")
+        item = self.asked_item(name, arguments)  # the shop has one item per episode: the clerk is asked only of it
         asked = Task(id=f"{self.task.id}-clerk", metadata={**self.task.metadata, "role": "clerk"},
                      data={**self.task.data, "question": CLERK_QUESTION.format(item=item)})
         self.clerk = demo.ShopEnv(asked)

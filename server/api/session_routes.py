@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 
 from protocol.jobs import JointSessionJob, RLJob, ScoredSession, SessionJob
 from protocol.trajectory import Trajectory, TrajectoryGroup
 from server.api.auth import CallerDep, caller, require_api_key
-from server.api.deps import RunDep, ServerState, SessionId, State, get_run as run_named, session_error
+from server.api.deps import RunDep, ServerState, SessionId, State, session_error
 from server.api.errors import APIError, documented
 from server.api.limits import GuardedRoute
-from server.api.training_routes import LeaseChecked, accepted, check_job, check_lease, key_reused, queue_job
+from server.api.training_routes import (LeaseChecked, LeaseHeader, accepted, check_job, joint_part, key_reused,
+                                        queue_job, queue_together)
 from server.harness.sessions import SessionError
 from server.runs.run import Run
 from server.training.digests import body_hash
@@ -108,8 +109,7 @@ def _take_sessions(state: ServerState, body: SessionJob, owner: str, field: str 
 
 @router.post("/v1/joint-session-jobs", status_code=202, responses=documented(400, 404, 409))
 async def submit_joint_session_job(body: JointSessionJob, request: Request, state: State, who: CallerDep,
-                                   lease: Annotated[str | None, Header(alias="X-Artisan-Lease", max_length=64)] = None
-                                   ) -> dict[str, Any]:
+                                   lease: LeaseHeader = None) -> dict[str, Any]:
     """Session jobs of several runs (each role's harness recorded its own sessions) trained as one
     unit, as `/v1/joint-jobs` trains RL jobs: each run's part is its key's job when it has one,
     else assembled from its sessions, which it takes."""
@@ -117,8 +117,7 @@ async def submit_joint_session_job(body: JointSessionJob, request: Request, stat
     parts, taken = [], []
     try:
         for name, part in body.jobs.items():
-            run = run_named(name, state, who)
-            check_lease(run, state, lease)
+            run = joint_part(state, who, lease, name)
             part = part.model_copy(update={"idempotency_key": key})
             digest = body_hash(part)
             try:
@@ -131,18 +130,14 @@ async def submit_joint_session_job(body: JointSessionJob, request: Request, stat
                 taken.append((run.name, token))
             await check_job(state, job, f"jobs[{name!r}].")
             parts.append((run, job, digest))
-        try:
-            submitted = await asyncio.to_thread(state.jobs.submit_together, parts, True)
-        except KeyConflict as e:
-            raise key_reused(e)
+        answer = await queue_together(state, key, parts, keep_request=True)
     except BaseException:
         for _, token in taken:
             state.sessions.release(token)
         raise
-    ids = {job.run: job.id for job, _ in submitted}
-    for run_name, token in taken:
-        await asyncio.to_thread(state.sessions.settle, token, ids[run_name])  # it writes the store
-    return {"idempotency_key": key, "jobs": {job.run: accepted(job, created) for job, created in submitted}}
+    for run_name, token in taken:  # it writes the store
+        await asyncio.to_thread(state.sessions.settle, token, answer["jobs"][run_name]["job_id"])
+    return answer
 
 
 def _still_holds(state: ServerState, holder: str) -> bool:

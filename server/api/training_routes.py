@@ -120,8 +120,10 @@ def lease_conflict(e: LeaseHeld) -> APIError:
     return APIError(409, str(e), param="name", code="run_trained_by_another_client")
 
 
-def check_lease(run: RunDep, state: State, lease: Annotated[str | None, Header(alias="X-Artisan-Lease",
-                                                                             max_length=64)] = None) -> None:
+LeaseHeader = Annotated[str | None, Header(alias="X-Artisan-Lease", max_length=64)]
+
+
+def check_lease(run: RunDep, state: State, lease: LeaseHeader = None) -> None:
     """A job is queued unless another client holds the run's lease (server/runs/leases.py)."""
     try:
         state.runs.leases.check(run.name, lease)
@@ -167,19 +169,29 @@ async def queue_job(state: ServerState, run: Run, job: RLJob | SFTJob, digest: s
 
 
 @router.post("/v1/joint-jobs", status_code=202, responses=documented(400, 404, 409))
-async def submit_joint_job(body: JointJob, state: State, who: CallerDep, lease: Annotated[
-        str | None, Header(alias="X-Artisan-Lease", max_length=64)] = None) -> dict[str, Any]:
+async def submit_joint_job(body: JointJob, state: State, who: CallerDep, lease: LeaseHeader = None) -> dict[str, Any]:
     """RL jobs of several runs trained at one step boundary (protocol/jobs.py JointJob): each run is
     checked as its own route checks it, then one job per run is queued, and they train as one unit."""
-    key = body.idempotency_key or uuid.uuid4().hex
-    parts = []
+    key, parts = body.idempotency_key or uuid.uuid4().hex, []
     for name, job in body.jobs.items():
-        run = run_named(name, state, who)
-        check_lease(run, state, lease)
+        run = joint_part(state, who, lease, name)
         await check_job(state, job, f"jobs[{name!r}].")
         parts.append((run, job.model_copy(update={"idempotency_key": key}), None))
+    return await queue_together(state, key, parts)
+
+
+def joint_part(state: ServerState, who: Caller, lease: str | None, name: str) -> Run:
+    """A joint job's run, checked as its own routes check it (owner, then lease)."""
+    run = run_named(name, state, who)
+    check_lease(run, state, lease)
+    return run
+
+
+async def queue_together(state: ServerState, key: str, parts: list[tuple[Run, RLJob, str | None]],
+                         keep_request: bool = False) -> dict[str, Any]:
+    """A joint job's checked parts queued as one unit; the 202's body names each run's job."""
     try:
-        submitted = await asyncio.to_thread(state.jobs.submit_together, parts)
+        submitted = await asyncio.to_thread(state.jobs.submit_together, parts, keep_request)
     except KeyConflict as e:
         raise key_reused(e)
     return {"idempotency_key": key, "jobs": {job.run: accepted(job, created) for job, created in submitted}}

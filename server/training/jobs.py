@@ -345,12 +345,10 @@ class JobManager:
         deadline = time.monotonic() + self.time_limit
         stop = lambda: any(j.cancel.is_set() for j in jobs) or time.monotonic() > deadline  # noqa: E731
         attempts = [Attempt(j.id, j.key, j.request, run.next_step) for j, run in zip(jobs, runs)]
-        at, begun, results = 0, 0, []  # the job being worked on; jobs whose step began; commits' results
+        at, computed, results = 0, [], []  # the job being worked on; its unit's computed steps, and commits
         try:
             crash_point("step_start")
-            computed = []
             for at, (j, run) in enumerate(zip(jobs, runs)):
-                begun += 1
                 progress = lambda stage, data, j=j: self._event(j, "progress", {"stage": stage, **data})  # noqa: E731
                 computed.append(steps.compute(run, j.request, steps.Hooks(
                     progress, stop, self.optimize, self.max_optimizer_steps, self.teacher)))
@@ -358,7 +356,8 @@ class JobManager:
             for at, (run, attempt, step) in enumerate(zip(runs, attempts, computed)):
                 results.append(commit_step(self.targets, run, attempt, step))
         except Exception as exc:
-            self._fail(jobs, runs, attempts, at, begun, len(results), exc)
+            # the runs whose step began (weights possibly changed): up to jobs[at], or all once computed
+            self._fail(jobs, runs, attempts, at, max(at + 1, len(computed)), len(results), exc)
         for j, result in zip(jobs, results):
             self._succeed(j, result)
 
@@ -367,15 +366,13 @@ class JobManager:
         """The uncommitted jobs of a unit after `exc`, raised by jobs[at]: the runs whose step began
         rolled back with why, each job ended as the failure says (a partner's naming the run that failed)."""
         status, outcome, event, why, metrics = self._failure(exc, jobs[at], any(j.cancel.is_set() for j in jobs))
-        failed = jobs[at].run
         for i in range(committed, len(jobs)):
-            j, said = jobs[i], why if jobs[i].run == failed or len(jobs) == 1 else f"run {failed}'s step: {why}"
+            said = why if i == at else f"run {jobs[at].run}'s step: {why}"
             if i < begun:
                 stored_why = said if status != "cancelled" else \
                     "The job was cancelled before its step was committed; the run is unchanged."
-                roll_back(self.targets, runs[i], attempts[i], outcome, stored_why,
-                          metrics if j.run == failed else None)
-            self._end(j, status, said if status != "cancelled" else "cancelled", event)
+                roll_back(self.targets, runs[i], attempts[i], outcome, stored_why, metrics if i == at else None)
+            self._end(jobs[i], status, said if status != "cancelled" else "cancelled", event)
 
     def _failure(self, exc: Exception, job: Job, cancelled: bool) -> tuple[str, str, str, str, StepMetrics | None]:
         """(job status, stored outcome, terminal event, why, figures) of a step that raised `exc`."""
