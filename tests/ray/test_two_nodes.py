@@ -61,9 +61,11 @@ def test_a_run_spreads_over_two_nodes_and_finishes_after_losing_one(nodes, tmp_p
         assert sorted(r["node"] for r in replicas) == [head, worker]  # SPREAD: one replica per node
 
         out = tmp_path / "out"
+        # 32 rollouts a step and 32 held-out tasks, as in test_ray_rollouts.py: with fewer, a first
+        # attempt that scores 0 everywhere (stopped as hopeless) is a chance a CI run can draw.
         cmd = [*nodes.on("head"), *train_command(srv.url, out, "two-nodes", "--api-key", KEY, "--example", "demo",
-                                                 "--steps", str(STEPS), "--groups-per-step", "4", "--group-size", "4",
-                                                 "--eval-every", "0", "--eval-tasks", "8", "--learning-rate", "1e-3",
+                                                 "--steps", str(STEPS), "--groups-per-step", "4", "--group-size", "8",
+                                                 "--eval-every", "0", "--eval-tasks", "32", "--learning-rate", "1e-3",
                                                  "--patience", "10", "--ray-address", nodes.ray_address,
                                                  "--ray-workers", "2")]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=nodes.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
