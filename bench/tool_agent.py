@@ -53,7 +53,7 @@ def _train(server: LocalServer, a: argparse.Namespace, out: Path, steps: int) ->
 
 def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]:
     """The warm start and artisan's GRPO; each evaluated step's adapter exported for the evaluator."""
-    from tool_agent_trl import export_peft
+    from trl_agents import export_peft
 
     data = work / "artisan-data"
     checkpoints, run_json = data / "runs" / RUN / "checkpoints", data / "runs" / RUN / "run.json"

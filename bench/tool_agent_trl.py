@@ -1,24 +1,19 @@
 """TRL's side of the tool-agent comparison (bench/tool_agent.py), and the held-out measure both
 trainers are judged by.
 
-- `export_peft`: an art-server run's saved adapter (its warm start, say) as a PEFT adapter
-  directory, so TRL continues training from the very weights artisan starts its GRPO from.
-- `run_trl`: TRL 1.16's GRPOTrainer with its own tool loop on examples/leg_lookup, from that
-  adapter, its config set to artisan's step wherever TRL has the knob (bench/learn.py's terms).
-- `greedy_success`: in-process greedy episodes on held-out rows, rendered, stopped, decoded and
-  parsed by art-server's own chat format (server/chat), so an adapter of either trainer is read
-  exactly as art-server would read it; the reward is LegLookupEnv.score's.
+- `run_trl`: TRL 1.16's GRPOTrainer with its own tool loop on examples/leg_lookup, from artisan's
+  warm start exported as PEFT (bench/trl_agents.export_peft), its config set to artisan's step
+  wherever TRL has the knob (bench/learn.py's terms).
+- `greedy_success`: bench/trl_agents.greedy_reward on held-out rows; the reward is LegLookupEnv.score's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,8 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples import leg_lookup  # noqa: E402
 from learn import (ADAM_BETAS, ADAM_EPS, EPS_HIGH, EPS_LOW, LORA_ALPHA, LORA_RANK,  # noqa: E402
                    LORA_TARGETS, MAX_GRAD_NORM)
-from rollouts.agent import tool_content  # noqa: E402
-from rollouts.env import ToolError  # noqa: E402
+from trl_agents import greedy_reward, saving_callback, threads, trl_tool, trl_tokenizer  # noqa: E402
 
 # Every term in which TRL's tool rollout differs from artisan's agent loop (rollouts/agent.py
 # through art-server), beyond bench/learn.py's DIFFERENCES for the GRPO step itself.
@@ -65,42 +59,7 @@ DIFFERENCES = {
 EPISODE_TOKENS_PER_TURN_FACTOR = 2
 
 
-def error_text(error: ToolError) -> str:
-    """What artisan's agent shows the model for a rejected call (rollouts/agent.py, _run_tool)."""
-    return f"Error: {error}"
-
-
-def _described(spec: dict[str, Any]) -> Callable[[Callable[..., str]], Callable[..., str]]:
-    """Set a wrapper's docstring from the example's tool spec, so TRL's schema (built from the
-    docstring) renders the same system turn as artisan's TOOLS."""
-    def apply(fn: Callable[..., str]) -> Callable[..., str]:
-        function = spec["function"]
-        args = "\n".join(f"    {name}: the {name}." for name in function["parameters"]["properties"])
-        fn.__doc__ = f"{function['description']}\n\nArgs:\n{args}\n"
-        return fn
-    return apply
-
-
-_SPECS = {t["function"]["name"]: t for t in leg_lookup.TOOLS}
-
-
-@_described(_SPECS["legs"])
-def legs(animal: str) -> str:
-    try:
-        return leg_lookup.legs(animal)
-    except ToolError as e:
-        return error_text(e)
-
-
-@_described(_SPECS["calculate"])
-def calculate(expression: str) -> str:
-    try:
-        return leg_lookup.calculate(expression)
-    except ToolError as e:
-        return error_text(e)
-
-
-TRL_TOOLS = [legs, calculate]
+TRL_TOOLS = [trl_tool(spec, getattr(leg_lookup, spec["function"]["name"])) for spec in leg_lookup.TOOLS]
 
 
 def reward(row: dict[str, Any], completion: list[dict[str, Any]]) -> float:
@@ -109,53 +68,7 @@ def reward(row: dict[str, Any], completion: list[dict[str, Any]]) -> float:
     return asyncio.run(env.score([*leg_lookup.opening(row), *completion])).reward
 
 
-# ---- art-server adapter -> PEFT -----------------------------------------------------------------
-
-def export_peft(checkpoint_root: Path, step: int, run_json: Path, out: Path) -> Path:
-    """`out` as a PEFT adapter directory (adapter_config.json, adapter_model.safetensors) holding
-    the run's adapter at `step`. art-server saves get_peft_model_state_dict's keys, which are what
-    PEFT's save_pretrained writes, so the tensors go over as they are; the LoRA settings are the
-    run's (run.json), the target modules its own or, when the run let the server choose, the ones
-    the saved tensors name."""
-    from peft import LoraConfig
-    from safetensors.torch import save_file
-
-    from server.runs import checkpoints
-    from server.runs.base_models import RunRecord
-
-    spec = RunRecord.model_validate_json(Path(run_json).read_text())  # RunSpec and the base model's fingerprint
-    state = checkpoints.read_adapter(Path(checkpoint_root), step)
-    named = sorted({key.split(".lora_")[0].rsplit(".", 1)[-1] for key in state if ".lora_" in key})
-    # server/runs/run.py's lora_config: dropout 0, no bias
-    config = LoraConfig(r=spec.lora.rank, lora_alpha=spec.lora.alpha, target_modules=spec.lora.target_modules or named,
-                        lora_dropout=0.0, bias="none", base_model_name_or_path=spec.base_model)
-    config.task_type = "CAUSAL_LM"  # PeftModel.from_pretrained then builds a PeftModelForCausalLM, as TRL expects
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(str(out))
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors"),
-              metadata={"format": "pt"})
-    return out
-
-
 # ---- TRL ----------------------------------------------------------------------------------------
-
-def _tokenizer(model_dir: Path):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.chat_template = leg_lookup.CHAT_TEMPLATE.read_text()  # what art-server is given for this example
-    return tokenizer
-
-
-def _threads() -> None:
-    import torch
-
-    # All the cores, as bench/learn.py does, unless the caller pinned a number.
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
-
 
 def _check_lora(adapter: Path) -> None:
     """The start adapter has the LoRA both trainers are compared with (bench/learn.py's settings):
@@ -180,17 +93,11 @@ def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, ste
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-    from trl.chat_template_utils import is_chat_template_prefix_preserving, qwen3_template
 
     _check_lora(start_adapter)
-    _threads()
+    threads()
     out = Path(out)
-    tokenizer = _tokenizer(model_dir)
-    # TRL recognises chat templates by exact text; ours writes Qwen's Hermes tags, which its qwen3
-    # response template parses.
-    tokenizer.response_template = qwen3_template
-    if not is_chat_template_prefix_preserving(tokenizer):  # else TRL swaps in a template of its own
-        raise ValueError("the example's chat template is not prefix-preserving as TRL checks it")
+    tokenizer = trl_tokenizer(model_dir, leg_lookup.CHAT_TEMPLATE.read_text())  # what art-server is given for it
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, str(start_adapter), is_trainable=True)
     used = train_rows[:steps * prompts_per_step]
@@ -214,32 +121,16 @@ def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, ste
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
 
     saved: list[dict] = []
-    clock = {"t0": 0.0, "saving": 0.0}
 
-    class SaveAndBudget(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
-            clock["t0"] = time.perf_counter()
-
-        def on_step_end(self, args, state, control, model=None, **kw):
-            step = state.global_step
-            seconds = time.perf_counter() - clock["t0"] - clock["saving"]
-            over = budget_seconds is not None and seconds > budget_seconds
-            if over:
-                control.should_training_stop = True
-            if step % save_every == 0 or step == steps or over:
-                t = time.perf_counter()
-                path = out / f"step-{step}"
-                model.save_pretrained(str(path))
-                clock["saving"] += time.perf_counter() - t
-                saved.append({"step": step, "train_seconds": round(seconds, 2), "adapter": path})
-
+    class Progress(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "reward" in logs:
                 print(f"trl step {state.global_step}: reward {logs['reward']:.3f} tool calls/episode "
                       f"{logs.get('tools/call_frequency', 0):.2f}", file=sys.stderr, flush=True)
 
     trainer = GRPOTrainer(model=model, reward_funcs=leg_reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, tools=TRL_TOOLS, callbacks=[SaveAndBudget()])
+                          processing_class=tokenizer, tools=TRL_TOOLS,
+                          callbacks=[saving_callback(out, steps, save_every, saved, budget_seconds), Progress()])
     trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout, where the bench's JSON goes
     trainer.train()
     return saved
@@ -247,84 +138,8 @@ def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, ste
 
 # ---- held-out measure ---------------------------------------------------------------------------
 
-def _generate(model, prompts: list[list[int]], stop_ids: list[int], pad_id: int, max_tokens: int) -> list[list[int]]:
-    """Greedy continuations, each up to and including its first stop token (none when cut at max_tokens)."""
-    import torch
-
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
-                             top_k=None, top_p=None, temperature=None, eos_token_id=stop_ids, pad_token_id=pad_id)
-    turns = []
-    for row in out[:, width:].tolist():
-        end = next((k for k, t in enumerate(row) if t in stop_ids), None)
-        turns.append(row if end is None else row[:end + 1])
-    return turns
-
-
-def _tool_result(env: leg_lookup.LegLookupEnv, call: dict[str, Any]) -> str:
-    try:
-        function = call["function"]
-        return tool_content(asyncio.run(env.call_tool(function["name"], json.loads(function["arguments"]))))
-    except ToolError as e:
-        return error_text(e)
-
-
-def greedy_episodes(model_dir: Path, adapter: Path | None, rows: list[dict], max_turns: int = 5,
-                    max_tokens: int = 128, batch: int = 16) -> list[tuple[list[dict], Any]]:
-    """Greedy episodes on `rows`, run as rollouts/agent.py runs them against art-server: the prompt
-    rendered by art-server's renderer (earlier turns as their sampled ids), a turn stopped at
-    art-server's stop ids, decoded and parsed by its chat format; the tools run on the row's
-    environment, a ToolError shown as artisan shows it; the episode ends at a reply without calls,
-    a turn cut at max_tokens, or after max_turns turns. Per row: (its messages, LegLookupEnv's Score)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from server.chat.format import ChatFormat, assistant_message
-    from server.model.host import stop_ids_of
-
-    _threads()
-    tokenizer = _tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()  # the same function, faster
-    model.eval()
-    chat = ChatFormat.build(tokenizer, tokenizer.chat_template, eos_ids=stop_ids_of(Path(model_dir), model.config))
-    stop_ids = sorted(chat.stop_ids)
-    envs = [leg_lookup.LegLookupEnv(r) for r in rows]
-    convs = [env.initial_messages() for env in envs]
-    sampled: list[dict[int, list[int]]] = [{} for _ in rows]
-    live = list(range(len(rows)))
-    for _ in range(max_turns):
-        if not live:
-            break
-        prompts = {i: chat.renderer.render(convs[i], leg_lookup.TOOLS, True, sampled_ids=sampled[i]).ids
-                   for i in live}
-        order = sorted(live, key=lambda i: len(prompts[i]))  # like lengths together: less padding
-        going = []
-        for k in range(0, len(order), batch):
-            chunk = order[k:k + batch]
-            for i, ids in zip(chunk, _generate(model, [prompts[i] for i in chunk], stop_ids,
-                                               tokenizer.pad_token_id, max_tokens)):
-                parsed = chat.parse(chat.text(ids), tools_enabled=True)
-                message = assistant_message(parsed)
-                sampled[i][len(convs[i])] = ids
-                convs[i].append(message)
-                if not (ids and ids[-1] in chat.stop_ids) or not parsed.tool_calls:
-                    continue  # cut at max_tokens, or an answer (a malformed call included): the episode is over
-                convs[i] += [{"role": "tool", "tool_call_id": call["id"], "content": _tool_result(envs[i], call)}
-                             for call in message["tool_calls"]]
-                going.append(i)
-        live = going
-    return [(conv, asyncio.run(env.score(conv))) for env, conv in zip(envs, convs)]
-
-
 def greedy_success(model_dir: Path, adapter: Path | None, rows: list[dict], max_turns: int = 5,
-                   max_tokens: int = 128, batch: int = 16) -> float:
-    """The held-out measure: the mean LegLookupEnv reward of greedy_episodes on `rows`."""
-    episodes = greedy_episodes(model_dir, adapter, rows, max_turns, max_tokens, batch)
-    return sum(score.reward for _, score in episodes) / len(episodes)
+                   max_tokens: int = 128) -> float:
+    """The held-out measure: the mean LegLookupEnv reward of greedy episodes on `rows`."""
+    return greedy_reward(model_dir, adapter, [leg_lookup.LegLookupEnv(r) for r in rows],
+                         leg_lookup.CHAT_TEMPLATE.read_text(), max_turns, max_tokens)

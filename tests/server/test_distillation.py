@@ -200,8 +200,9 @@ async def test_a_teacher_that_cannot_score_the_student_s_tokens_is_refused_at_su
 def test_client_train_distills_from_a_teacher_the_server_serves(taught, tmp_path):
     from tests.helpers import train_cli
 
+    # One episode per task: the teacher's KL needs no siblings to compare with (bench/distill.py's student).
     proc = train_cli(taught.url, tmp_path / "out", "cli-student", "--example", "demo", "--steps", "2",
-                     "--groups-per-step", "2", "--group-size", "2", "--eval-every", "0", "--eval-tasks", "4",
+                     "--groups-per-step", "4", "--group-size", "1", "--eval-every", "0", "--eval-tasks", "4",
                      "--teacher", "teacher", "--distill-coef", "0.5")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
@@ -209,4 +210,6 @@ def test_client_train_distills_from_a_teacher_the_server_serves(taught, tmp_path
     steps = [line for line in lines if line.startswith("step ")]
     assert len(steps) == 2 and all("| teacher KL " in line for line in steps), proc.stdout
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert [h["step"] for h in summary["history"] if h["trained"]] == [1, 2]
+    trained = [h for h in summary["history"] if h["trained"]]
+    assert [h["step"] for h in trained] == [1, 2]
+    assert all(h["groups_trainable"] == 4 and h["groups_dropped_single"] == 0 for h in trained)
