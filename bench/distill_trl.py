@@ -41,8 +41,8 @@ def item_distinct_steps(steps: int, per_step: int, seed: int) -> list[list[Task]
     if per_step > len(demo.ITEMS):
         raise ValueError(f"{per_step} tasks a step, but the demo has {len(demo.ITEMS)} items")
     rng = random.Random(seed)
-    return [[demo.make_task(rng, item, s * per_step + i, "train") for i, item in enumerate(rng.sample(demo.ITEMS, per_step))]
-            for s in range(steps)]
+    return [[demo.make_task(rng, item, s * per_step + i, "train")
+             for i, item in enumerate(rng.sample(demo.ITEMS, per_step))] for s in range(steps)]
 
 
 def _template(model_dir: Path) -> str:
