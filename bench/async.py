@@ -24,6 +24,9 @@ Four groups a step: on a 2-core CPU the trainer and the sampler share the cores,
 makes a step's compute, not its waiting, the bound (at 8 groups a step trained for 5 s of the
 synchronous step's 20 s).
 
+Each run also gets ART's PipelineTrainer's throughput score (accepted trained tokens per second,
+discounted for staleness: `throughput_score`), so that the bounds compare on one number too.
+
 Prints one JSON line last.
 """
 
@@ -55,6 +58,7 @@ from protocol.config import TrainConfig  # noqa: E402
 TOOL_SECONDS = (0.2, 2.0)
 SCORE_SECONDS, TAIL_SECONDS, TAIL_SHARE = (0.2, 0.5), (4.0, 8.0), 1 / 8
 HELD_OUT = 64
+FRESHNESS_TAU_STEPS = 8.0  # ART's PipelineTrainer's (_SCORE_FRESHNESS_TAU_STEPS)
 
 
 class SlowShopEnv(ShopEnv):
@@ -92,11 +96,28 @@ async def train_one(url: str, bound: int, seed: int, args: dict[str, Any], out: 
     landed = {h["step"]: h["wall_seconds"] - start for h in summary["history"] if h.get("trained")}
     trained = [h for h in summary["history"] if h.get("trained")]
     staleness = [h["staleness_mean"] for h in trained if h.get("staleness_mean") is not None]
-    return {"S": bound, "seed": seed, "run": name, "landed": landed,
-            "train_seconds": max(landed.values()) if landed else None,
+    train_seconds = max(landed.values()) if landed else None
+    return {"S": bound, "seed": seed, "run": name, "landed": landed, "train_seconds": train_seconds,
+            "throughput": throughput_score([(h["trainable_tokens"], h.get("staleness_mean") or 0.0) for h in trained],
+                                           train_seconds or 0.0),
             "staleness_mean": statistics.fmean(staleness) if staleness else None,
             "staleness_max": max((h.get("staleness_max") or 0 for h in trained), default=None),
             "groups_dropped_stale": sum(h.get("groups_dropped_stale", 0) for h in summary["history"])}
+
+
+def throughput_score(steps: list[tuple[int, float]], seconds: float, tau: float = FRESHNESS_TAU_STEPS) -> dict[str, Any]:
+    """ART's PipelineTrainer's objective score for a run: the trained tokens accepted per second,
+    times a freshness discount, 1 / E[exp(age / tau)] over those tokens, age being how many steps
+    older than the trained policy the sampling one was. `steps`: each trained step's (trainable
+    tokens, mean staleness); art-server reports a step's mean and max staleness, not each token's,
+    so a step's tokens all count at its mean."""
+    tokens = sum(n for n, _ in steps)
+    if not tokens or seconds <= 0:
+        return {"accepted_tokens_per_second": None, "freshness": None, "score": None}
+    per_second = tokens / seconds
+    freshness = tokens / sum(n * math.exp(max(age, 0.0) / tau) for n, age in steps)
+    return {"accepted_tokens_per_second": round(per_second, 2), "freshness": round(freshness, 4),
+            "score": round(per_second * freshness, 2)}
 
 
 async def held_out(url: str, run: dict[str, Any], every: int) -> dict[int, float]:
@@ -163,7 +184,9 @@ def main(seeds: int = 3, steps: int = 12, groups: int = 4, group_size: int = 8, 
             "train_seconds_mean": statistics.fmean(r["train_seconds"] for r in mine),
             "staleness_mean": statistics.fmean([r["staleness_mean"] for r in mine if r["staleness_mean"] is not None]
                                                or [0.0]),
-            "groups_dropped_stale": sum(r["groups_dropped_stale"] for r in mine)}
+            "groups_dropped_stale": sum(r["groups_dropped_stale"] for r in mine),
+            "throughput_score_median": statistics.median(scores) if (scores := [
+                r["throughput"]["score"] for r in mine if r["throughput"]["score"] is not None]) else None}
     for run in runs:
         run["landed"] = {str(k): round(v, 2) for k, v in run["landed"].items()}
         run["held_out"] = {str(k): v for k, v in run["held_out"].items()}
