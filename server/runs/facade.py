@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -98,11 +99,14 @@ class Runs:
         pins.pin(self.serving, run, step)
 
     # ---- a step's commit and roll-back (server/training/commit.py) ------------------------------
-    def save_checkpoint(self, run: Run, step: int, meta: dict[str, Any]) -> None:
+    def land(self, run: Run, step: int, meta: dict[str, Any]) -> float:
+        """A trained step lands: its checkpoint written (from then on it happened), the run at that
+        step, its adapter served under the run's names. Returns the seconds the serving took."""
         self.saved.save(run, step, meta)
-
-    def publish(self, run: Run) -> None:
+        run.step = step
+        started = time.perf_counter()
         self.serving.publish(run)
+        return time.perf_counter() - started
 
     def restore(self, run: Run) -> None:
         self.saved.restore(run)

@@ -72,14 +72,9 @@ def commit_step(to: CommitTargets, run: Run, attempt: Attempt, computed: Compute
     attempt.stored = True
     crash_point("pending_stored")
 
-    to.runs.save_checkpoint(run, attempt.step, {
+    m.publish_seconds = to.runs.land(run, attempt.step, {
         "kind": attempt.kind, "metrics": figures, "warnings": warnings, "created": time.time(),
         "job_id": attempt.job_id, "idempotency_key": attempt.idempotency_key})
-    run.step = attempt.step
-
-    started = time.perf_counter()
-    to.runs.publish(run)
-    m.publish_seconds = time.perf_counter() - started
 
     to.store.steps.confirm(run.name, run.step)
     crash_point("step_confirmed")
