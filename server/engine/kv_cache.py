@@ -62,6 +62,14 @@ class BatchKV:
             vbuf[:, :, :length] = v[:, :length]
         self.width, self.lengths = length, [length] * self.rows
 
+    def fill(self, width: int, lengths: list[int]) -> None:
+        """Record that a forward wrote `width` columns of left-padded rows of `lengths`, and zero
+        each row's padding: what the model computed there is masked out, but need not be finite."""
+        for r, n in enumerate(lengths):
+            for buf in (*self.kbufs, *self.vbufs):
+                buf[r, :, :width - n] = 0
+        self.width, self.lengths = width, list(lengths)
+
     @property
     def rows(self) -> int:
         return len(self.lengths)

@@ -1,8 +1,8 @@
 """The torch engine: one background thread decodes every running sequence together.
 
-Each loop iteration admits waiting sequences (prefilled in groups of equal prompt length, so no
-padding is computed; a long prompt first takes what it can from the prefix cache, then prefills
-the rest), then runs one decode step for all rows, then retires the finished ones.
+Each loop iteration admits waiting sequences (short prompts prefilled together whatever their
+lengths, each distinct prompt once; a long prompt first takes what it can from the prefix cache,
+then prefills the rest), then runs one decode step for all rows, then retires the finished ones.
 New requests therefore join at the next step boundary instead of waiting for a batch to drain,
 and 32 concurrent rollouts cost about one batched generate. One request never holds more than
 half the rows, so a large `n` cannot shut everyone else out.
@@ -29,6 +29,22 @@ if TYPE_CHECKING:
     from server.settings import Settings
 
 log = logging.getLogger("artisan.engine")
+
+
+# Padded tokens of one prefill forward of short prompts: a bound on its activations.
+PREFILL_TOKENS = 8192
+
+
+def _chunks(groups: list[list[DecodeSequence]], budget: int) -> list[list[list[DecodeSequence]]]:
+    """Consecutive runs of `groups` (sorted by prompt length) whose padded size stays within `budget`."""
+    chunks: list[list[list[DecodeSequence]]] = []
+    for g in groups:
+        length = len(g[0].request.prompt_ids)
+        if chunks and length * (len(chunks[-1]) + 1) <= budget:
+            chunks[-1].append(g)
+        else:
+            chunks.append([g])
+    return chunks
 
 
 class TorchEngine:
@@ -150,20 +166,38 @@ class TorchEngine:
         return admitted
 
     def _prefill(self, seqs: list[DecodeSequence]) -> None:
-        by_length: dict[int, list[DecodeSequence]] = {}
-        by_prompt: dict[tuple, list[DecodeSequence]] = {}  # long prompts: (adapter, ids) -> their rows
+        by_prompt: dict[tuple, list[DecodeSequence]] = {}  # (adapter, ids) -> the rows that sample from it
         for s in seqs:
-            ids = s.request.prompt_ids
-            if self.prefix.wants(ids):
-                by_prompt.setdefault((s.request.policy.adapter, tuple(ids)), []).append(s)
-            else:
-                by_length.setdefault(len(ids), []).append(s)
-        for group in by_length.values():
-            self._join(group, *self._forward_prompts(group, None))
+            by_prompt.setdefault((s.request.policy.adapter, tuple(s.request.prompt_ids)), []).append(s)
+        short = [group for group in by_prompt.values() if not self.prefix.wants(group[0].request.prompt_ids)]
+        for chunk in _chunks(sorted(short, key=lambda g: len(g[0].request.prompt_ids)), PREFILL_TOKENS):
+            self._prefill_short(chunk)
         # One long prompt at a time, so that the next can reuse what this one adds.
-        for (adapter, _), group in by_prompt.items():
-            self._prefill_long(group, self.prefix.find(adapter, group[0].request.prompt_ids))
+        for (adapter, ids), group in by_prompt.items():
+            if self.prefix.wants(ids):
+                self._prefill_long(group, self.prefix.find(adapter, group[0].request.prompt_ids))
         self._retire()
+
+    def _prefill_short(self, groups: list[list[DecodeSequence]]) -> None:
+        """Short prompts of any lengths in one forward, each computed once however many rows
+        sample from it: left-padded so that they end together, as the batch's rows do."""
+        prompts = [g[0].request.prompt_ids for g in groups]
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for r, prompt in enumerate(prompts):
+            ids[r, width - len(prompt):] = torch.tensor(prompt)
+            mask[r, width - len(prompt):] = 1
+        ids, mask = ids.to(self.host.device), mask.to(self.host.device)
+        kv = self._empty_kv(len(prompts), width)
+        out = self.host.forward(ids, [g[0].request.policy.adapter for g in groups], past_key_values=kv.cache(),
+                                use_cache=True, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                                logits_to_keep=1)
+        kv.fill(width, [len(p) for p in prompts])
+        rows = [r for r, g in enumerate(groups) for _ in g]  # a prompt's K/V and logits copied to each of its rows
+        if len(rows) > len(groups):
+            kv.keep(rows)
+        self._join([s for g in groups for s in g], kv, out.logits[rows, -1, :])
 
     def _prefill_long(self, group: list[DecodeSequence], hit: Hit | None) -> None:
         """One long prompt, computed once after `hit`'s cached prefix however many rows sample from

@@ -1,0 +1,65 @@
+"""The torch engine's prefill, in process on the embedded model: short prompts of different lengths
+admitted together are one forward (left-padded, each distinct prompt computed once however many
+rows sample from it), and every logprob is still the model's over exactly prompt + completion."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from server.engine.base import GenRequest
+from server.engine.sampling import SamplingParams
+from server.engine.torch_engine import TorchEngine
+from server.model.host import ModelHost
+from server.sampling.served_names import Policy
+from server.settings import DEFAULT_MODEL_DIR
+
+
+@pytest.fixture(scope="module")
+def host():
+    return ModelHost(DEFAULT_MODEL_DIR, device="cpu", dtype="float32")
+
+
+def _reference(host: ModelHost, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = host.base_model(torch.tensor([prompt + completion])).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, dim=-1)
+    return lp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def test_prompts_of_different_lengths_prefill_in_one_forward_with_each_row_s_exact_logprobs(host, monkeypatch):
+    tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 4).input_ids
+    prompts = [tokens[:5], tokens[:23], tokens[:41], tokens[:23], tokens[:12]]  # one prompt twice, by two requests
+    forwards: list[tuple[int, int]] = []
+    forward = host.forward
+
+    def counted(input_ids, adapters, **kwargs):
+        forwards.append(tuple(input_ids.shape))
+        return forward(input_ids, adapters, **kwargs)
+
+    monkeypatch.setattr(host, "forward", counted)
+    engine = TorchEngine(host, max_batch=32, max_waiting=64, prefix_cache_mb=0)
+    done = threading.Semaphore(0)
+    requests = []
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=0.7 if i % 2 else 1.0, max_tokens=6, seed=i, ignore_eos=True)
+        req = GenRequest(prompt_ids=prompt, params=params, policy=Policy("base", None, None, 0), n=2 if i == 2 else 1,
+                         emit=lambda kind, _: done.release() if kind in ("finished", "error") else None)
+        requests.append(req)
+        engine.submit(req)  # all waiting before the loop starts: admitted together
+    engine.start()
+    try:
+        for _ in range(sum(r.n for r in requests)):
+            assert done.acquire(timeout=120)
+    finally:
+        engine.stop()
+
+    assert forwards[0] == (4, 41)  # the first forward: the 4 distinct prompts, padded to the longest
+    assert all(shape[1] == 1 for shape in forwards[1:])  # then only decode steps
+    for req in requests:
+        for seq in req.sequences:
+            assert seq.finish_reason == "length" and len(seq.token_ids) == 6
+            want = _reference(host, req.prompt_ids, seq.token_ids, req.params.temperature)
+            assert (torch.tensor(seq.logprobs) - want).abs().max().item() <= 1e-4
