@@ -43,6 +43,7 @@ from examples.demo import task as demo  # noqa: E402
 from examples.demo.run_demo import DEMO_ARGS  # noqa: E402
 from server.settings import DEFAULT_MODEL_DIR  # noqa: E402
 
+
 def train(url: str, run: str, out: Path, steps: int, *extra: str) -> dict:
     args = list(DEMO_ARGS)
     args[args.index("--steps") + 1] = str(steps)
