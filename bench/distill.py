@@ -42,6 +42,9 @@ from client.local_server import ROOT, LocalServer  # noqa: E402
 from examples.demo import task as demo  # noqa: E402
 from examples.demo.run_demo import DEMO_ARGS  # noqa: E402
 from server.settings import DEFAULT_MODEL_DIR  # noqa: E402
+from trl_agents import export_peft, greedy_reward  # noqa: E402
+
+SETTINGS = demo.ShopExample().settings  # the demo's turn limit, tokens a turn and temperature
 
 
 def train(url: str, run: str, out: Path, steps: int, *extra: str) -> dict:
@@ -82,18 +85,13 @@ def training_seconds(summary: dict) -> dict[int, float]:
 
 
 def greedy_point(step: int, seconds: float, adapter: Path | None, eval_tasks: list) -> list[float]:
-    from trl_agents import greedy_reward
-
-    settings = demo.ShopExample().settings
     reward = greedy_reward(DEFAULT_MODEL_DIR, adapter, [demo.ShopEnv(t) for t in eval_tasks], None,
-                           settings.max_turns, settings.max_tokens)
+                           SETTINGS.max_turns, SETTINGS.max_tokens)
     return [step, round(seconds, 1), round(reward, 4), round(binomial_se(reward, len(eval_tasks)), 4)]
 
 
 def artisan_greedy(data: Path, run: str, summary: dict, adapters: Path, eval_tasks: list, every: int) -> list[list[float]]:
     """Measure 2 of an art-server run, from its adapters saved every `every` steps and at its last."""
-    from trl_agents import export_peft
-
     seconds, root = training_seconds(summary), data / "runs" / run
     return [greedy_point(s, seconds[s], export_peft(root / "checkpoints", s, root / "run.json", adapters / f"{run}-{s}"),
                          eval_tasks) for s in sorted(seconds) if s and (s % every == 0 or s == max(seconds))]
@@ -106,8 +104,6 @@ def main(steps: int = typer.Option(16, help="Steps of each run."),
          tasks_per_step: int = typer.Option(32, help="The students' tasks a step, one episode each."),
          greedy_every: int = typer.Option(2, help="Steps between the points of measure 2."),
          trl: bool = typer.Option(True, help="Also run TRL's DistillationTrainer.")) -> None:
-    from trl_agents import export_peft
-
     eval_tasks = demo.ShopExample().eval_tasks()
     student_args = ["--teacher", "rl", "--distill-coef", str(coef)]
     student_args += (["--distill-with-reward"] if with_reward else
@@ -134,13 +130,12 @@ def main(steps: int = typer.Option(16, help="Steps of each run."),
         if trl:
             from distill_trl import DIFFERENCES, item_distinct_steps, run_trl_distill
 
-            settings = demo.ShopExample().settings
             root = data / "runs" / "rl"
             teacher = export_peft(root / "checkpoints", steps, root / "run.json", adapters / "teacher")
             saved = run_trl_distill(DEFAULT_MODEL_DIR, teacher, item_distinct_steps(steps, tasks_per_step, seed=0),
                                     learning_rate=student_summary["history"][0]["learning_rate"],
-                                    temperature=settings.temperature, max_turns=settings.max_turns,
-                                    max_tokens_per_turn=settings.max_tokens, seed=0, out=work / "trl",
+                                    temperature=SETTINGS.temperature, max_turns=SETTINGS.max_turns,
+                                    max_tokens_per_turn=SETTINGS.max_tokens, seed=0, out=work / "trl",
                                     save_every=greedy_every)
             greedy["trl_student"] = [base, *(greedy_point(s["step"], s["train_seconds"], s["adapter"], eval_tasks)
                                              for s in saved)]

@@ -6,6 +6,7 @@ artisan's student's episodes per step, learning rate, temperature and turn limit
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -61,8 +62,6 @@ def run_trl_distill(model_dir: Path, teacher_adapter: Path, steps_tasks: list[li
     """On-policy distillation with TRL's tool loop: a fresh LoRA (the teacher adapter's settings)
     learns from the merged teacher on each step's tasks, one episode each. Saved every `save_every`
     steps as saving_callback does; one {"step", "train_seconds", "adapter"} per save."""
-    import json
-
     import torch
     from datasets import Dataset
     from peft import LoraConfig, PeftModel, get_peft_model

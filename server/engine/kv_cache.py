@@ -65,9 +65,10 @@ class BatchKV:
     def fill(self, width: int, lengths: list[int]) -> None:
         """Record that a forward wrote `width` columns of left-padded rows of `lengths`, and zero
         each row's padding: what the model computed there is masked out, but need not be finite."""
-        for r, n in enumerate(lengths):
-            for buf in (*self.kbufs, *self.vbufs):
-                buf[r, :, :width - n] = 0
+        cols = torch.arange(width, device=self.kbufs[0].device)
+        pad = cols[None, :] < torch.tensor([width - n for n in lengths], device=cols.device)[:, None]
+        for buf in (*self.kbufs, *self.vbufs):
+            buf[:, :, :width].masked_fill_(pad[:, None, :, None], 0)  # not a product: NaN * 0 is NaN
         self.width, self.lengths = width, list(lengths)
 
     @property

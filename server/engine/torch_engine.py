@@ -169,13 +169,13 @@ class TorchEngine:
         by_prompt: dict[tuple, list[DecodeSequence]] = {}  # (adapter, ids) -> the rows that sample from it
         for s in seqs:
             by_prompt.setdefault((s.request.policy.adapter, tuple(s.request.prompt_ids)), []).append(s)
-        short = [group for group in by_prompt.values() if not self.prefix.wants(group[0].request.prompt_ids)]
+        long = {key: group for key, group in by_prompt.items() if self.prefix.wants(group[0].request.prompt_ids)}
+        short = [group for key, group in by_prompt.items() if key not in long]
         for chunk in _chunks(sorted(short, key=lambda g: len(g[0].request.prompt_ids)), PREFILL_TOKENS):
             self._prefill_short(chunk)
         # One long prompt at a time, so that the next can reuse what this one adds.
-        for (adapter, ids), group in by_prompt.items():
-            if self.prefix.wants(ids):
-                self._prefill_long(group, self.prefix.find(adapter, group[0].request.prompt_ids))
+        for (adapter, ids), group in long.items():
+            self._prefill_long(group, self.prefix.find(adapter, group[0].request.prompt_ids))
         self._retire()
 
     def _prefill_short(self, groups: list[list[DecodeSequence]]) -> None:

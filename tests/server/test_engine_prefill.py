@@ -1,6 +1,7 @@
-"""The torch engine's prefill, in process on the embedded model: short prompts of different lengths
-admitted together are one forward (left-padded, each distinct prompt computed once however many
-rows sample from it), and every logprob is still the model's over exactly prompt + completion."""
+"""The torch engine's prefill, in process on the embedded model and on SmolLM2's real weights: short
+prompts of different lengths admitted together are one forward (left-padded, each distinct prompt
+computed once however many rows sample from it), and every logprob is still the model's over
+exactly prompt + completion."""
 
 from __future__ import annotations
 
@@ -17,9 +18,13 @@ from server.sampling.served_names import Policy
 from server.settings import DEFAULT_MODEL_DIR
 
 
-@pytest.fixture(scope="module")
-def host():
-    return ModelHost(DEFAULT_MODEL_DIR, device="cpu", dtype="float32")
+@pytest.fixture(scope="module", params=["embedded", "smollm2"])
+def host(request):
+    if request.param == "embedded":
+        return ModelHost(DEFAULT_MODEL_DIR, device="cpu", dtype="float32")
+    from tests.real_models import converted, smollm2_gguf
+
+    return ModelHost(converted(smollm2_gguf()), device="cpu", dtype="float32")
 
 
 def _reference(host: ModelHost, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
@@ -63,3 +68,19 @@ def test_prompts_of_different_lengths_prefill_in_one_forward_with_each_row_s_exa
             assert seq.finish_reason == "length" and len(seq.token_ids) == 6
             want = _reference(host, req.prompt_ids, seq.token_ids, req.params.temperature)
             assert (torch.tensor(seq.logprobs) - want).abs().max().item() <= 1e-4
+
+
+@pytest.mark.unit
+def test_a_left_padded_prefill_s_padding_is_zeroed_and_its_rows_are_kept():
+    from server.engine.kv_cache import BatchKV
+
+    kv = BatchKV.empty(n_layers=2, rows=3, heads=1, head_dim=2, capacity=8, dtype=torch.float32, device="cpu")
+    for buf in (*kv.kbufs, *kv.vbufs):
+        buf[:, :, :5] = float("nan")  # what a forward may leave where only padding was
+        buf[:, :, 5 - 2:5] = 1.0
+        buf[0, :, :5] = 1.0  # row 0 is 5 long: no padding
+    kv.fill(5, [5, 2, 2])
+    assert kv.width == 5 and kv.lengths == [5, 2, 2]
+    for buf in (*kv.kbufs, *kv.vbufs):
+        assert (buf[1:, :, :3] == 0).all() and (buf[:, :, 3:5] == 1).all() and (buf[0, :, :5] == 1).all()
+    assert kv.attention_mask().tolist() == [[1] * 5, [0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
