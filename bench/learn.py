@@ -115,19 +115,47 @@ async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows)
                 [[seeded(rollout(client, model.name, example.make_env(t), t, example.settings),
                          derive_seed(getattr(a, "seed", 0), t.data["row"]["question"], k)) for k in range(a.group_size)]
                  for t in batch], progress=False, concurrency=len(batch) * a.group_size)  # one batch, as TRL samples
+            sampled = time.perf_counter()
             result = await model.train(groups, config)
             train_seconds += time.perf_counter() - started
             trained_steps += int(result.trained)
             rewards = [t.reward for g in groups for t in g.trajectories]
             steps.append({"step": step, "reward": sum(rewards) / len(rewards), "trained": result.trained,
-                          "logprob_gap": result.metrics.logprob_gap, "seconds": round(train_seconds, 2)})
+                          "logprob_gap": result.metrics.logprob_gap, "seconds": round(train_seconds, 2),
+                          "split": step_split(sampled - started, time.perf_counter() - sampled, result.metrics)})
             print(f"artisan step {step}: reward {steps[-1]['reward']:.3f} trained {result.trained} "
                   f"({train_seconds:.1f}s)", file=sys.stderr, flush=True)
             if step % a.eval_every == 0 or step == a.steps:
                 curve.append([round(train_seconds, 2), step,
                               await _artisan_eval(client, model.name, eval_rows, a.prompt, a.max_tokens)])
                 print(f"artisan step {step}: held-out {curve[-1][2]:.3f}", file=sys.stderr, flush=True)
-    return {"curve": curve, "steps": steps, "trained_steps": trained_steps}
+    return {"curve": curve, "steps": steps, "trained_steps": trained_steps,
+            "time_split": median_split([s["split"] for s in steps if s["trained"]])}
+
+
+# A step's wall time on the client, split where it was spent: sampling (and scoring, which here is a
+# string comparison inside it), then the train call: the server's queue, the batch's assembly, the
+# forward, backward and optimizer passes, the checkpoint and the serving of the new adapter, and
+# what is left (HTTP, the health figures, the step's records).
+PHASES = ("sample", "queue", "assembly", "forward", "backward", "optimizer", "checkpoint", "publish", "other")
+
+
+def step_split(sample_seconds: float, train_call_seconds: float, m) -> dict[str, float]:
+    server = {"queue": m.queue_seconds, "assembly": m.assembly_seconds, "forward": m.forward_seconds,
+              "backward": m.backward_seconds, "optimizer": m.optimizer_seconds,
+              "checkpoint": m.checkpoint_seconds, "publish": m.publish_seconds}
+    server = {k: v or 0.0 for k, v in server.items()}
+    split = {"sample": sample_seconds, **server, "other": max(train_call_seconds - sum(server.values()), 0.0)}
+    return {k: round(v, 3) for k, v in split.items()}
+
+
+def median_split(splits: list[dict[str, float]]) -> dict[str, Any]:
+    """Each phase's median seconds over the trained steps, and its share of their sum."""
+    if not splits:
+        return {}
+    medians = {k: sorted(s[k] for s in splits)[len(splits) // 2] for k in PHASES}
+    total = sum(medians.values()) or 1.0
+    return {"median_seconds": medians, "share": {k: round(v / total, 3) for k, v in medians.items()}}
 
 
 def run_artisan(a: argparse.Namespace, gguf: Path, cache: Path, train_rows, eval_rows, work: Path) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 from collections import Counter
@@ -140,6 +141,26 @@ def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
     return tasks
 
 
+def time_ratios(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """For every task and seed both trainers ran: artisan's training seconds to first reach the
+    held-out accuracy TRL ended with, over TRL's own (bench/learn.py's compare), and the median of
+    those. A pair where TRL ended no better than it started has no time to compare (None, left out
+    of the median); one where artisan never reached TRL's final counts as infinitely slow."""
+    runs = {(e["task"], e["seed"], e["trainer"]): e for e in entries}
+    pairs: dict[str, float | None] = {}
+    for (task, seed, trainer), e in sorted(runs.items()):
+        trl = runs.get((task, seed, "trl"))
+        if trainer != "artisan" or trl is None:
+            continue
+        learned = trl["curve"][-1][2] > trl["curve"][0][2]
+        ratio = learn.compare(e["curve"], trl["curve"])["time_ratio_to_trl_final"]
+        pairs[f"{task}/{seed}"] = None if not learned else (math.inf if ratio is None else ratio)
+    ratios = sorted(r for r in pairs.values() if r is not None)
+    median = statistics.median(ratios) if ratios else None
+    return {"pairs": {k: (None if v is None else "never" if math.isinf(v) else v) for k, v in pairs.items()},
+            "median": "never" if median is not None and math.isinf(median) else median}
+
+
 def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
     """[step, mean accuracy, standard error (0 for one curve)] at each step every curve has."""
     steps = sorted(set.intersection(*({int(p[1]) for p in c} for c in curves))) if curves else []
@@ -194,7 +215,8 @@ def run_one(a: argparse.Namespace, gguf: Path, template: Path | None, task: str,
     return {"model": a.model, "config": config, "task": task, "seed": seed, "trainer": trainer,
             "base": curve[0][2], "final": curve[-1][2], "seconds_per_step": round(curve[-1][0] / a.steps, 2),
             "constant_answer": constant_answer(r["answer"] for r in eval_rows),
-            "curve": curve, "setup_seconds": out["setup_seconds"], "steps": out["steps"]}
+            "curve": curve, "setup_seconds": out["setup_seconds"], "steps": out["steps"],
+            **({"time_split": out["time_split"]} if out.get("time_split") else {})}
 
 
 def plot(entries: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -264,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"model": a.model, "settings": _config(a, a.tasks[0]) | {"max_tokens": a.max_tokens},
                       "max_tokens_per_task": {t: MAX_TOKENS[t] for t in a.tasks if t in MAX_TOKENS},
                       "seeds": a.seeds, "noise_z": NOISE_Z, "tasks": summarize(entries),
+                      "time_to_trl_final": time_ratios(entries),
                       "results": str(a.results), "plot": str(png)}))
 
 

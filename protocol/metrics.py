@@ -80,10 +80,18 @@ class StepMetrics(BaseModel):
     lora_update_norm: float | None = None
     learning_rate: float | None = None
     step_seconds: float | None = None
+    # Where the step's time went, on the trainer: the batch built from the groups (tokens spliced,
+    # advantages), the forward passes (the reference's included), the backward passes, the optimizer
+    # updates (gradient clipping included). A data-parallel step reports its slowest rank's.
+    assembly_seconds: float | None = None
+    forward_seconds: float | None = None
+    backward_seconds: float | None = None
+    optimizer_seconds: float | None = None
     # Waiting at the server between the job's submission and the start of its training (other
     # runs' jobs ahead of it at the trainer).
     queue_seconds: float | None = None
     # Loading the new adapter into the engine once the checkpoint is written (the job's result only:
     # the checkpoint is written before it is known).
     publish_seconds: float | None = None
+    checkpoint_seconds: float | None = None  # writing the step's checkpoint (the job's result only, as above)
     tokens_per_second: float | None = None

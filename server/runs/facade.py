@@ -99,14 +99,16 @@ class Runs:
         pins.pin(self.serving, run, step)
 
     # ---- a step's commit and roll-back (server/training/commit.py) ------------------------------
-    def land(self, run: Run, step: int, meta: dict[str, Any]) -> float:
+    def land(self, run: Run, step: int, meta: dict[str, Any]) -> tuple[float, float]:
         """A trained step lands: its checkpoint written (from then on it happened), the run at that
-        step, its adapter served under the run's names. Returns the seconds the serving took."""
-        self.saved.save(run, step, meta)
-        run.step = step
+        step, its adapter served under the run's names. Returns the seconds the checkpoint and the
+        serving took."""
         started = time.perf_counter()
+        self.saved.save(run, step, meta)
+        saved = time.perf_counter()
+        run.step = step
         self.serving.publish(run)
-        return time.perf_counter() - started
+        return saved - started, time.perf_counter() - saved
 
     def restore(self, run: Run) -> None:
         self.saved.restore(run)

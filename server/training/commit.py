@@ -72,7 +72,7 @@ def commit_step(to: CommitTargets, run: Run, attempt: Attempt, computed: Compute
     attempt.stored = True
     crash_point("pending_stored")
 
-    m.publish_seconds = to.runs.land(run, attempt.step, {
+    m.checkpoint_seconds, m.publish_seconds = to.runs.land(run, attempt.step, {
         "kind": attempt.kind, "metrics": figures, "warnings": warnings, "created": time.time(),
         "job_id": attempt.job_id, "idempotency_key": attempt.idempotency_key})
 

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, get_args
 
@@ -106,6 +107,9 @@ class OptimizeStats:
     grad_norms: list[float] = field(default_factory=list)
     skipped_steps: int = 0
     optimizer_steps: int = 0
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
+    optimizer_seconds: float = 0.0
 
     def figures(self) -> dict[str, Any]:
         n = max(self.loss_tokens, 1)
@@ -119,14 +123,20 @@ class OptimizeStats:
             "optimizer_steps": self.optimizer_steps,
             "skipped_optimizer_steps": self.skipped_steps,
             "padding_fraction": self.padding_tokens / max(self.row_tokens + self.padding_tokens, 1),
+            "forward_seconds": self.forward_seconds,
+            "backward_seconds": self.backward_seconds,
+            "optimizer_seconds": self.optimizer_seconds,
         }
 
     @classmethod
     def merged(cls, ranks: list["OptimizeStats"]) -> "OptimizeStats":
         """The step's figures from its ranks': sums add up; grad norms and optimizer steps are
-        taken after the all-reduce, the same on every rank, so rank 0's are the step's."""
+        taken after the all-reduce, the same on every rank, so rank 0's are the step's; the ranks
+        run at once, so a phase took as long as its slowest rank."""
         total = cls(grad_norms=list(ranks[0].grad_norms), skipped_steps=ranks[0].skipped_steps,
-                    optimizer_steps=ranks[0].optimizer_steps)
+                    optimizer_steps=ranks[0].optimizer_steps,
+                    **{name: max(getattr(r, name) for r in ranks)
+                       for name in ("forward_seconds", "backward_seconds", "optimizer_seconds")})
         for part in ranks:
             for name in ("loss", "loss_tokens", "row_tokens", "padding_tokens", "gap_sum", "gap_tokens", "clipped",
                          "entropy_sum", "kl_sum", "kl_tokens"):
@@ -234,6 +244,7 @@ def _optimize(run: Any, sequences: list[TrainSequence], p: OptimPlan, token_loss
                 stopped = shard.reduce(run.params, stopped)  # every rank stops at the same point, or none does
             if stopped:
                 raise Cancelled()
+            updating = time.perf_counter()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, p.max_grad_norm))
             if not math.isfinite(grad_norm):
                 run.optimizer.zero_grad(set_to_none=True)  # a NaN step would poison the adapter for good
@@ -243,6 +254,7 @@ def _optimize(run: Any, sequences: list[TrainSequence], p: OptimPlan, token_loss
             with host.lock:
                 run.optimizer.step()
             stats.optimizer_steps += 1
+            stats.optimizer_seconds += time.perf_counter() - updating
     return stats
 
 
@@ -263,6 +275,7 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
         row = microbatches[r]
         if should_stop():
             return True
+        started = time.perf_counter()
         mb = make_microbatch([mini[i] for i in row], row, host.device, host.tokenizer.pad_token_id or 0)
         ref_lp = None
         kl_here = p.kl_coef > 0 or (measure_kl and r == 0)
@@ -282,9 +295,12 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
             stats.kl_tokens += mb.n_loss_tokens
         loss = loss_scale * losses.aggregate(tok_loss, mb.seq_index, p.loss_aggregation, n_tokens, len(mini),
                                              p.constant_normalizer, seq_lengths)
+        forwarded = time.perf_counter()
         loss.backward()
         if host.device.type == "cpu":
             trim()  # else each micro-batch fits its activations around the last one's holes: +0.3 GB a step
+        stats.forward_seconds += forwarded - started
+        stats.backward_seconds += time.perf_counter() - forwarded
         with torch.no_grad():
             if count:
                 stats.loss += float(loss) / n_mini

@@ -203,6 +203,7 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
                              "trainable_tokens": sum(s.n_loss_tokens for s in batch.sequences),
                              **advantage_figures(batch, cfg)})
     m.truncated_fraction = m.truncated_choices / m.choices if m.choices else 0.0
+    m.assembly_seconds = time.time() - t0
     hooks.progress("assembled", {"sequences": len(batch.sequences), "trainable_tokens": m.trainable_tokens})
     if m.trainable_tokens == 0:
         m.step_seconds = time.time() - t0
@@ -227,7 +228,7 @@ def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, hooks:
     t0 = time.time()
     sequences = [s for c in conversations for s in assemble_sft(c, run.host.chat, hooks.should_stop)]
     m = StepMetrics(conversations=len(conversations), sequences=len(sequences),
-                    trainable_tokens=sum(s.n_loss_tokens for s in sequences))
+                    trainable_tokens=sum(s.n_loss_tokens for s in sequences), assembly_seconds=time.time() - t0)
     hooks.progress("assembled", {"sequences": len(sequences), "trainable_tokens": m.trainable_tokens})
     if m.trainable_tokens == 0:
         m.step_seconds = time.time() - t0

@@ -115,6 +115,41 @@ def test_summary_per_task_and_trainer_over_seeds():
     assert "artisan_at_least_trl_within_noise" not in sweep.summarize(entries[:3])["leg_counting"]  # one trainer
 
 
+def test_time_ratios_pair_each_task_and_seed_and_take_the_median():
+    sweep = _load("learn_sweep")
+
+    def run(task, trainer, seed, curve):
+        return {"task": task, "trainer": trainer, "seed": seed, "curve": curve}
+
+    trl = [[0.0, 0, 0.2], [10.0, 2, 0.3], [20.0, 4, 0.5]]
+    entries = [run("a", "trl", 0, trl), run("a", "artisan", 0, [[0.0, 0, 0.2], [4.0, 2, 0.5], [8.0, 4, 0.6]]),
+               run("b", "trl", 0, trl), run("b", "artisan", 0, [[0.0, 0, 0.2], [6.0, 2, 0.6], [9.0, 4, 0.6]]),
+               run("c", "trl", 0, trl), run("c", "artisan", 0, [[0.0, 0, 0.2], [5.0, 4, 0.4]]),
+               run("d", "trl", 0, [[0.0, 0, 0.3], [20.0, 4, 0.3]]), run("d", "artisan", 0, trl),
+               run("e", "artisan", 0, trl)]
+    out = sweep.time_ratios(entries)
+    # c never reached TRL's 0.5: the slowest; d: TRL learned nothing, no time to compare; e: no TRL run
+    assert out["pairs"] == {"a/0": pytest.approx(0.2), "b/0": pytest.approx(0.3), "c/0": "never", "d/0": None}
+    assert out["median"] == pytest.approx(0.3)
+    assert sweep.time_ratios(entries[:2] + entries[4:6])["median"] == "never"  # a and c: the middle is never
+
+
+def test_a_steps_time_split_puts_what_the_server_did_not_measure_under_other():
+    learn = _load("learn")
+    from protocol.metrics import StepMetrics
+
+    m = StepMetrics(queue_seconds=0.5, assembly_seconds=0.25, forward_seconds=2.0, backward_seconds=3.0,
+                    optimizer_seconds=0.25, checkpoint_seconds=0.5, publish_seconds=1.0)
+    split = learn.step_split(10.0, 8.0, m)
+    assert split == {"sample": 10.0, "queue": 0.5, "assembly": 0.25, "forward": 2.0, "backward": 3.0,
+                     "optimizer": 0.25, "checkpoint": 0.5, "publish": 1.0, "other": 0.5}
+    three = [split, {**split, "forward": 4.0}, {**split, "forward": 1.0}]
+    out = learn.median_split(three)
+    assert out["median_seconds"]["forward"] == 2.0 and sum(out["median_seconds"].values()) == 18.0
+    assert out["share"]["sample"] == pytest.approx(10 / 18, abs=1e-3)
+    assert learn.median_split([]) == {}
+
+
 def test_a_rise_to_the_constant_answers_accuracy_is_named_as_no_evidence():
     """syllogism went 0.297 -> 0.703 in 4 steps: 45 of its 64 held-out answers are "Yes"."""
     sweep = _load("learn_sweep")

@@ -66,6 +66,14 @@ def test_merged_figures_are_the_sums_of_the_ranks():
 
 
 @pytest.mark.unit
+def test_a_merged_phase_took_as_long_as_its_slowest_rank():
+    a = OptimizeStats(forward_seconds=2.0, backward_seconds=3.0, optimizer_seconds=0.5)
+    b = OptimizeStats(forward_seconds=1.0, backward_seconds=4.0, optimizer_seconds=0.25)
+    f = OptimizeStats.merged([a, b]).figures()
+    assert (f["forward_seconds"], f["backward_seconds"], f["optimizer_seconds"]) == (2.0, 4.0, 0.5)
+
+
+@pytest.mark.unit
 def test_merged_figures_of_one_rank_are_its_own():
     a = OptimizeStats(loss=0.5, loss_tokens=10, clipped=2, grad_norms=[1.0], optimizer_steps=1)
     assert OptimizeStats.merged([a]) == a

@@ -114,6 +114,10 @@ async def test_on_policy_multiturn_step_is_token_exact_and_moves_the_lora(server
                  "truncated_fraction", "loss", "tokens_per_second", "step_seconds", "groups_total",
                  "trajectories_excluded"):
         assert name in m and m[name] is not None and math.isfinite(m[name]), name
+    # where the step's time went: every phase measured, and together within the step's own time
+    phases = [m[name] for name in ("assembly_seconds", "forward_seconds", "backward_seconds", "optimizer_seconds")]
+    assert all(t > 0 for t in phases) and sum(phases) <= m["step_seconds"], m
+    assert m["checkpoint_seconds"] > 0 and m["publish_seconds"] > 0
     # the run's name now serves step 1, and step 0 stays addressable
     async with model.openai_client() as client:
         r = await client.chat.completions.create(model="onpolicy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
