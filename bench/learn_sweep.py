@@ -118,7 +118,8 @@ def trainer_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
                               "seconds_per_step": e.get("seconds_per_step")}
              for e in sorted(entries, key=lambda e: e["seed"])}
     rises, final = mean_se(s["rise"] for s in seeds.values()), mean_se(s["final"] for s in seeds.values())
-    share = (entries[0].get("constant_answer") or {}).get("share")
+    # from any run that recorded it: the held-out questions are the same for every seed
+    share = next((e["constant_answer"]["share"] for e in entries if e.get("constant_answer")), None)
     return {"base": mean_se(s["base"] for s in seeds.values()), "final": final,
             "rise": rises, "ends_below_base": ends_below_base(rises["mean"]),
             f"rises_by_{RISE_THRESHOLD:.2f}": rises_by(rises["mean"]),
@@ -129,8 +130,8 @@ def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """Per task and trainer; where both trainers ran, whether artisan's rise is at least TRL's within noise."""
     tasks: dict[str, Any] = {}
     for task in dict.fromkeys(e["task"] for e in entries):
-        out: dict[str, Any] = {"family": FAMILIES.get(task),
-                               "constant_answer": next(e.get("constant_answer") for e in entries if e["task"] == task)}
+        constant = next((e["constant_answer"] for e in entries if e["task"] == task and e.get("constant_answer")), None)
+        out: dict[str, Any] = {"family": FAMILIES.get(task), "constant_answer": constant}
         for trainer in TRAINERS:
             runs = [e for e in entries if e["task"] == task and e["trainer"] == trainer]
             if runs:

@@ -157,6 +157,7 @@ def test_a_rise_to_the_constant_answers_accuracy_is_named_as_no_evidence():
     assert sweep.constant_answer([]) == {"answer": None, "share": None}
     entries = [{**_entry("syllogism", "artisan", s, 0.297, 0.703), "constant_answer": {"answer": "Yes", "share": 0.7031}}
                for s in range(2)]
+    entries.insert(0, _entry("syllogism", "artisan", 2, 0.297, 0.703))  # a run from before the figure was kept
     out = sweep.summarize(entries)["syllogism"]
     assert out["constant_answer"]["answer"] == "Yes"
     assert out["artisan"]["rises_by_0.10"] and out["artisan"]["no_better_than_constant_answer"] is True
