@@ -81,8 +81,9 @@ class StepMetrics(BaseModel):
     learning_rate: float | None = None
     step_seconds: float | None = None
     # Where the step's time went, on the trainer: the batch built from the groups (tokens spliced,
-    # advantages), the forward passes (the reference's included), the backward passes, the optimizer
-    # updates (gradient clipping included). A data-parallel step reports its slowest rank's.
+    # advantages), the forward passes (the reference's included, and any wait for the model while
+    # the engine samples on it), the backward passes, the optimizer updates (gradient clipping
+    # included). A data-parallel step reports its slowest rank's.
     assembly_seconds: float | None = None
     forward_seconds: float | None = None
     backward_seconds: float | None = None
