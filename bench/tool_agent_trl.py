@@ -57,6 +57,7 @@ DIFFERENCES = {
 # result is about 20 tokens of tags). Generous, because tokens past the real episode cost nothing
 # (TRL pads to the batch's longest) and a budget that binds drops tool results without a word.
 EPISODE_TOKENS_PER_TURN_FACTOR = 2
+EPISODES_PER_PASS = 2  # TRL's micro-batch (per_device_train_batch_size): its memory, not its gradient
 
 
 TRL_TOOLS = [trl_tool(spec, getattr(leg_lookup, spec["function"]["name"])) for spec in leg_lookup.TOOLS]
@@ -102,13 +103,19 @@ def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, ste
     model = PeftModel.from_pretrained(base, str(start_adapter), is_trainable=True)
     used = train_rows[:steps * prompts_per_step]
     dataset = Dataset.from_list([{"prompt": leg_lookup.opening(r), "row": i} for i, r in enumerate(used)])
+    episodes = prompts_per_step * group_size
+    per_pass = EPISODES_PER_PASS if episodes % EPISODES_PER_PASS == 0 else 1
 
     def leg_reward(prompts, completions, row, **_):
         return [reward(used[i], c) for c, i in zip(completions, row)]
 
     config = GRPOConfig(
         output_dir=str(out / "trl"), use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        per_device_train_batch_size=prompts_per_step * group_size, gradient_accumulation_steps=1,
+        # EPISODES_PER_PASS episodes per forward and backward, accumulated into one optimizer step
+        # (TRL still generates the step's episodes at once). Without gradient checkpointing the
+        # activations of episodes padded to ~1,500 tokens are the memory: all 32 of a 4 x 8 step in
+        # one pass were killed at 24 GB, and 8 a pass peaked at 22.7 GB.
+        per_device_train_batch_size=per_pass, gradient_accumulation_steps=episodes // per_pass,
         num_generations=group_size, max_steps=steps, num_iterations=1,
         max_completion_length=EPISODE_TOKENS_PER_TURN_FACTOR * max_turns * max_tokens_per_turn,
         generation_kwargs={"max_new_tokens": max_tokens_per_turn},  # per turn, as artisan's max_tokens
