@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -153,7 +154,7 @@ def median_split(splits: list[dict[str, float]]) -> dict[str, Any]:
     """Each phase's median seconds over the trained steps, and its share of their sum."""
     if not splits:
         return {}
-    medians = {k: sorted(s[k] for s in splits)[len(splits) // 2] for k in PHASES}
+    medians = {k: statistics.median(s[k] for s in splits) for k in PHASES}
     total = sum(medians.values()) or 1.0
     return {"median_seconds": medians, "share": {k: round(v / total, 3) for k, v in medians.items()}}
 
@@ -275,7 +276,7 @@ def compare(artisan: list[list[float]], trl: list[list[float]]) -> dict[str, Any
     learned = target > trl[0][2]
     t_artisan, t_trl = first(artisan), first(trl)
     ratio = round(t_artisan / t_trl, 3) if learned and t_artisan is not None and t_trl else None
-    return {"trl_final_accuracy": target, "time_ratio_to_trl_final": ratio,
+    return {"trl_final_accuracy": target, "trl_learned": learned, "time_ratio_to_trl_final": ratio,
             "time_ratio_per_step": round(artisan[-1][0] / max(trl[-1][0], 1e-9), 3)}
 
 

@@ -148,18 +148,19 @@ def time_ratios(entries: list[dict[str, Any]]) -> dict[str, Any]:
     those. A pair where TRL ended no better than it started has no time to compare (None, left out
     of the median); one where artisan never reached TRL's final counts as infinitely slow."""
     runs = {(e["task"], e["seed"], e["trainer"]): e for e in entries}
-    pairs: dict[str, float | None] = {}
+    pairs: dict[str, float | str | None] = {}
+    ratios: list[float] = []
     for (task, seed, trainer), e in sorted(runs.items()):
         trl = runs.get((task, seed, "trl"))
         if trainer != "artisan" or trl is None:
             continue
-        learned = trl["curve"][-1][2] > trl["curve"][0][2]
-        ratio = learn.compare(e["curve"], trl["curve"])["time_ratio_to_trl_final"]
-        pairs[f"{task}/{seed}"] = None if not learned else (math.inf if ratio is None else ratio)
-    ratios = sorted(r for r in pairs.values() if r is not None)
-    median = statistics.median(ratios) if ratios else None
-    return {"pairs": {k: (None if v is None else "never" if math.isinf(v) else v) for k, v in pairs.items()},
-            "median": "never" if median is not None and math.isinf(median) else median}
+        compared = learn.compare(e["curve"], trl["curve"])
+        ratio = compared["time_ratio_to_trl_final"]
+        pairs[f"{task}/{seed}"] = None if not compared["trl_learned"] else "never" if ratio is None else ratio
+        if compared["trl_learned"]:
+            ratios.append(math.inf if ratio is None else ratio)
+    median = round(statistics.median(ratios), 3) if ratios else None
+    return {"pairs": pairs, "median": "never" if median == math.inf else median}
 
 
 def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
@@ -217,7 +218,7 @@ def run_one(a: argparse.Namespace, gguf: Path, template: Path | None, task: str,
             "base": curve[0][2], "final": curve[-1][2], "seconds_per_step": round(curve[-1][0] / a.steps, 2),
             "constant_answer": constant_answer(r["answer"] for r in eval_rows),
             "curve": curve, "setup_seconds": out["setup_seconds"], "steps": out["steps"],
-            **({"time_split": out["time_split"]} if out.get("time_split") else {})}
+            "time_split": out.get("time_split")}
 
 
 def plot(entries: list[dict[str, Any]], path: Path, title: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,7 @@ def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, ste
     used = train_rows[:steps * prompts_per_step]
     dataset = Dataset.from_list([{"prompt": leg_lookup.opening(r), "row": i} for i, r in enumerate(used)])
     episodes = prompts_per_step * group_size
-    per_pass = EPISODES_PER_PASS if episodes % EPISODES_PER_PASS == 0 else 1
+    per_pass = math.gcd(episodes, EPISODES_PER_PASS)  # the passes must add up to the step's episodes
 
     def leg_reward(prompts, completions, row, **_):
         return [reward(used[i], c) for c, i in zip(completions, row)]
