@@ -154,7 +154,7 @@ def median_split(splits: list[dict[str, float]]) -> dict[str, Any]:
     """Each phase's median seconds over the trained steps, and its share of their sum."""
     if not splits:
         return {}
-    medians = {k: statistics.median(s[k] for s in splits) for k in PHASES}
+    medians = {k: round(statistics.median(s[k] for s in splits), 3) for k in PHASES}
     total = sum(medians.values()) or 1.0
     return {"median_seconds": medians, "share": {k: round(v / total, 3) for k, v in medians.items()}}
 
