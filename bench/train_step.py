@@ -1,15 +1,23 @@
-"""Training throughput of a real RL step vs a plain peft forward+backward+optimizer step.
+"""Training throughput of a real RL step vs a plain peft forward+backward+optimizer step, and
+what sharing a group's prefix in training saves.
 
 Samples demo-task rollouts from art-server on the embedded model, submits them as one training
 step (PPO loss, health metrics, checkpoint), and reads the step's own figures. The baseline,
 measured in the same run, trains the same token sequences in-process with plain peft: padded
 batches in submission order, cross-entropy, AdamW, nothing else.
 
-    python bench/train_step.py       # prints one JSON line last
+Prefix sharing (art-server --share-prefix, server/training/packing.py): the same sequences trained
+in-process by the server's own optimizer, with and without sharing, on the embedded model and on
+each `--model` given (a model directory; the demo's token ids are read as that model's): the step's
+seconds (the faster of two), its peak resident memory above what the process held before it, and
+the tokens its forward encoded.
+
+    python bench/train_step.py [--model DIR ...]       # prints one JSON line last
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -47,7 +55,7 @@ async def _step(url: str):
 
 
 def _sequences(groups, model_dir: Path):
-    """The same token sequences the server trained, rebuilt in-process."""
+    """The same token sequences the server trained, rebuilt in-process, with an advantage each."""
     from transformers import AutoTokenizer
 
     from server.chat.format import ChatFormat
@@ -58,8 +66,54 @@ def _sequences(groups, model_dir: Path):
     for g in groups:
         for t in g.trajectories:
             seqs, _ = assemble_history(t, chat)
-            out += [s.ids for s in seqs]
+            for s in seqs:
+                s.advantage = t.reward - 0.5
+            out += seqs
     return out
+
+
+def _resident_gb(field: str) -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field)) / 1e6
+
+
+def _sharing(model_dir: Path, sequences) -> dict:
+    """The server's optimizer on `sequences`, without and with prefix sharing (alternating, twice
+    each): the faster step's seconds, the larger peak above the resident memory, tokens encoded."""
+    import torch
+    from peft import LoraConfig
+
+    from protocol.config import TrainConfig
+    from server.model.host import ModelHost
+    from server.training.data_parallel import TrainingReplica
+    from server.training.optimize import OptimPlan, optimize, rl_loss
+
+    host = ModelHost(model_dir, device="cpu", dtype="float32")
+    with host.lock:
+        host.add_adapter("bench", LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"],
+                                             target_modules=host.lora_targets, lora_dropout=0.0))
+        params = host.adapter_params("bench")
+        for p in params:
+            p.requires_grad_(True)
+    run = TrainingReplica(host, "bench", torch.optim.AdamW(params, lr=1e-5), params)
+    cfg = TrainConfig(learning_rate=1e-5)
+    figures: dict[bool, dict] = {}
+    for share in (False, True, False, True):
+        host.share_prefix = share
+        before = _resident_gb("VmRSS")
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # the peak resident memory starts again from now
+        started = time.perf_counter()
+        stats = optimize(run, sequences, OptimPlan.for_rl(cfg, cfg.learning_rate), rl_loss(cfg))
+        seconds, peak = time.perf_counter() - started, _resident_gb("VmHWM") - before
+        last = figures.get(share, {"seconds": float("inf"), "peak_gb": 0.0})
+        figures[share] = {"seconds": round(min(seconds, last["seconds"]), 2),
+                          "peak_gb": round(max(peak, last["peak_gb"]), 2),
+                          "encoded_tokens": stats.row_tokens + stats.padding_tokens}
+    plain, shared = figures[False], figures[True]
+    return {"model": host.name, "unshared": plain, "shared": shared,
+            "time_ratio": round(shared["seconds"] / plain["seconds"], 3),
+            "token_ratio": round(shared["encoded_tokens"] / plain["encoded_tokens"], 3)}
 
 
 def _raw(model_dir: Path, sequences: list[list[int]]) -> float:
@@ -95,16 +149,22 @@ def _raw(model_dir: Path, sequences: list[list[int]]) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, action="append", default=[],
+                        help="a model directory to measure prefix sharing on as well (repeatable)")
+    args = parser.parse_args()
     model_dir = ROOT / "server" / "embedded" / "model"
     with tempfile.TemporaryDirectory(prefix="bench-train-") as work, \
             LocalServer(Path(work) / "data", extra=["--device", "cpu"]) as server:
         groups, result = asyncio.run(_step(server.url))
-    raw = _raw(model_dir, _sequences(groups, model_dir))
+    sequences = _sequences(groups, model_dir)
+    raw = _raw(model_dir, [s.ids for s in sequences])
+    sharing = [_sharing(d, sequences) for d in (model_dir, *args.model)]
     m = result.metrics
     print(json.dumps({"train_tokens_per_s": round(m.tokens_per_second, 1), "raw_fwd_bwd_tokens_per_s": round(raw, 1),
                       "ratio": round(m.tokens_per_second / raw, 3), "padding_fraction": round(m.padding_fraction, 4),
                       "trajectories": sum(len(g.trajectories) for g in groups), "trainable_tokens": m.trainable_tokens,
-                      "step_seconds": round(m.step_seconds, 2)}))
+                      "step_seconds": round(m.step_seconds, 2), "prefix_sharing": sharing}))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,9 @@ class StepMetrics(BaseModel):
     optimizer_steps: int = 0
     skipped_optimizer_steps: int = 0
     padding_fraction: float | None = None
+    # The share of the step's sequence tokens its forward passes did not encode, each encoded once
+    # for all the sequences that begin with it (art-server --share-prefix).
+    prefix_shared_fraction: float | None = None
     lora_update_norm: float | None = None
     learning_rate: float | None = None
     step_seconds: float | None = None
@@ -95,4 +98,4 @@ class StepMetrics(BaseModel):
     # the checkpoint is written before it is known).
     publish_seconds: float | None = None
     checkpoint_seconds: float | None = None  # writing the step's checkpoint (the job's result only, as above)
-    tokens_per_second: float | None = None
+    tokens_per_second: float | None = None  # of the sequences' tokens, shared ones counted for each sequence

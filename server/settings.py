@@ -67,6 +67,9 @@ class Settings(BaseModel):
                        "float16")
     gradient_checkpointing: bool = Field(default=False, description="Recompute activations in the backward pass: less "
                                          "memory for long sequences, about a third more time.")
+    share_prefix: bool = Field(default=True, description="Train the sequences that share a prefix (a group's prompt, a "
+                               "history's first turns) in one row, the prefix encoded once: the same loss and "
+                               "gradients, fewer tokens (server/training/packing.py).")
     # server/training/memory.py applies it.
     memory_budget: float | None = Field(default=None, description="GB a training step may take art-server to "
                                         "(weights, caches and the step's activations); micro-batches are cut to fit, "

@@ -162,6 +162,7 @@ class ModelHost:
         self.base_fingerprint = base_fingerprint(model, self.config)  # which runs are this model's
         self.n_params = sum(p.numel() for p in model.parameters())
         self.gradient_checkpointing = False
+        self.share_prefix = False  # train sequences that share a prefix in one row (server/training/packing.py)
         self.memory_budget: int | None = None  # bytes training may take the process to (None: what the machine has)
 
     @property
@@ -262,6 +263,7 @@ def load_model(settings: Settings) -> ModelHost:
                      aliases=(settings.model, *names))
     if settings.gradient_checkpointing:
         host.enable_gradient_checkpointing()
+    host.share_prefix = settings.share_prefix
     if settings.memory_budget is not None:
         host.memory_budget = int(settings.memory_budget * GB)
     _warn_unrendered_tools(host, settings)

@@ -129,13 +129,15 @@ def bind_collectives_to(node_address: str) -> None:
 class TrainProcess:
     """One rank (a Ray actor): the base model, a copy of each trained adapter, its share of a step."""
 
-    def __init__(self, rank: int, world: int, model_dir: str, device: str, dtype: str, gradient_checkpointing: bool):
+    def __init__(self, rank: int, world: int, model_dir: str, device: str, dtype: str, gradient_checkpointing: bool,
+                 share_prefix: bool):
         if device == "cpu":
             torch.set_num_threads(1)  # a rank is placed on one CPU; more threads would fight the others
         self.rank, self.world = rank, world
         self.host = ModelHost(Path(model_dir), device=device, dtype=dtype)
         if gradient_checkpointing:
             self.host.enable_gradient_checkpointing()
+        self.host.share_prefix = share_prefix
         self.replicas: dict[str, TrainingReplica] = {}
         self._stopped = 0  # the id of the last step told to stop
         self._lock = threading.Lock()
@@ -197,14 +199,16 @@ class DataParallelTrainer:
     the same arguments and result as server/training/optimize.py's."""
 
     def __init__(self, processes: int, address: str | None, model_dir: Path, device: torch.device, dtype: torch.dtype,
-                 gradient_checkpointing: bool = False, start_timeout: float = START_TIMEOUT):
+                 gradient_checkpointing: bool = False, share_prefix: bool = False,
+                 start_timeout: float = START_TIMEOUT):
         from server.connections.ray_cluster import connect
 
         self.ray = connect(address)
         self.world, self.address = processes, address
         self.model_dir, self.device = str(model_dir), "cuda" if device.type == "cuda" else "cpu"
         self.dtype = str(dtype).removeprefix("torch.")
-        self.gradient_checkpointing, self.start_timeout = gradient_checkpointing, start_timeout
+        self.gradient_checkpointing, self.share_prefix = gradient_checkpointing, share_prefix
+        self.start_timeout = start_timeout
         self.ranks: list[Any] = []
         self._step_id = 0
         self._starts = 0
@@ -218,7 +222,7 @@ class DataParallelTrainer:
         self._starts += 1
         # SPREAD: a node's accelerators and memory to each rank, as a multi-node job places them.
         self.ranks = [actor.options(name=f"{self.name_prefix}{self._starts}-{r}", scheduling_strategy="SPREAD").remote(
-            r, self.world, self.model_dir, self.device, self.dtype, self.gradient_checkpointing)
+            r, self.world, self.model_dir, self.device, self.dtype, self.gradient_checkpointing, self.share_prefix)
             for r in range(self.world)]
         try:
             address, port = ray.get(self.ranks[0].address.remote(), timeout=self.start_timeout)

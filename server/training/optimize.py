@@ -24,6 +24,7 @@ from server.model.memory import gb, trim
 from server.training import losses, memory
 from server.training.assemble import Cancelled, TrainSequence
 from server.training.batching import Microbatch, deal, make_microbatch, plan
+from server.training.packing import MAX_ROW, Pack, attention_weight, packable_length, packs, single
 
 log = logging.getLogger("artisan.train")
 # (trainer logprobs with grad, micro-batch) -> (per-token loss, per-token clipped)
@@ -96,7 +97,8 @@ class Shard:
 class OptimizeStats:
     loss: float = 0.0
     loss_tokens: int = 0
-    row_tokens: int = 0
+    row_tokens: int = 0  # encoded in the rows (a shared prefix once)
+    sequence_tokens: int = 0  # in the sequences (a shared prefix once for each)
     padding_tokens: int = 0
     gap_sum: float = 0.0
     gap_tokens: int = 0
@@ -123,6 +125,7 @@ class OptimizeStats:
             "optimizer_steps": self.optimizer_steps,
             "skipped_optimizer_steps": self.skipped_steps,
             "padding_fraction": self.padding_tokens / max(self.row_tokens + self.padding_tokens, 1),
+            "prefix_shared_fraction": 1 - self.row_tokens / self.sequence_tokens if self.sequence_tokens else None,
             "forward_seconds": self.forward_seconds,
             "backward_seconds": self.backward_seconds,
             "optimizer_seconds": self.optimizer_seconds,
@@ -138,8 +141,8 @@ class OptimizeStats:
                     **{name: max(getattr(r, name) for r in ranks)
                        for name in ("forward_seconds", "backward_seconds", "optimizer_seconds")})
         for part in ranks:
-            for name in ("loss", "loss_tokens", "row_tokens", "padding_tokens", "gap_sum", "gap_tokens", "clipped",
-                         "entropy_sum", "kl_sum", "kl_tokens"):
+            for name in ("loss", "loss_tokens", "row_tokens", "sequence_tokens", "padding_tokens", "gap_sum",
+                         "gap_tokens", "clipped", "entropy_sum", "kl_sum", "kl_tokens"):
                 setattr(total, name, getattr(total, name) + getattr(part, name))
         return total
 
@@ -190,7 +193,8 @@ def _forward_logprobs(host: Any, mb: Microbatch, grad: bool) -> tuple[torch.Tens
     entropy. The output head runs only on loss positions, a chunk at a time (token_logprobs)."""
     lm = host.model.get_base_model() if host.has_adapters else host.model
     with torch.set_grad_enabled(grad), host.training_forward():
-        hidden = lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)[0]
+        hidden = lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                  position_ids=mb.position_ids, use_cache=False)[0]
         head = lm.get_output_embeddings()
         return token_logprobs(head, hidden[mb.rows, mb.logit_positions], mb.targets, mb.temperatures,
                               logit_chunk(getattr(head, "out_features", None) or host.vocab_size))
@@ -258,6 +262,16 @@ def _optimize(run: Any, sequences: list[TrainSequence], p: OptimPlan, token_loss
     return stats
 
 
+def _rows(host: Any, mini: list[TrainSequence], max_tokens: int) -> list[Pack]:
+    """The minibatch's rows: its sequences packed by shared prefix where the server shares them
+    (art-server --share-prefix) and the model's attention takes a tree mask, else one a row."""
+    lengths = [len(s.ids) for s in mini]
+    longest = packable_length(host.config) if host.share_prefix else None
+    if longest is None or max(lengths) > longest:
+        return [single(i, n) for i, n in enumerate(lengths)]
+    return packs([s.ids for s in mini], min(max_tokens, MAX_ROW), attention_weight(host.config))
+
+
 def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: TokenLoss, stats: OptimizeStats,
                 count: bool, n_mini: int, loss_scale: float, should_stop: Callable[[], bool], measure_gap: bool,
                 measure_kl: bool, shard: Shard | None = None) -> bool:
@@ -266,17 +280,18 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
     host = run.host
     n_tokens = sum(s.n_loss_tokens for s in mini)
     seq_lengths = torch.tensor([max(s.n_loss_tokens, 1) for s in mini], dtype=torch.float32, device=host.device)
-    microbatches = plan([len(s.ids) for s in mini], p.max_tokens_per_microbatch)  # longest sequence first
+    rows = _rows(host, mini, p.max_tokens_per_microbatch)
+    microbatches = plan([pk.length for pk in rows], p.max_tokens_per_microbatch)  # longest row first
     # Micro-batches keep their minibatch-wide index r, so the figure measured on the first one
     # (KL to base) is measured once, by the rank that has it.
     mine = range(len(microbatches)) if shard is None else \
-        deal([len(row) * len(mini[row[0]].ids) for row in microbatches], shard.world)[shard.rank]
+        deal([len(mb_rows) * rows[mb_rows[0]].length for mb_rows in microbatches], shard.world)[shard.rank]
     for r in mine:
-        row = microbatches[r]
         if should_stop():
             return True
         started = time.perf_counter()
-        mb = make_microbatch([mini[i] for i in row], row, host.device, host.tokenizer.pad_token_id or 0)
+        mb = make_microbatch(mini, list(range(len(mini))), host.device, host.tokenizer.pad_token_id or 0,
+                             packs=[rows[i] for i in microbatches[r]], mask_dtype=host.base_model.dtype)
         ref_lp = None
         kl_here = p.kl_coef > 0 or (measure_kl and r == 0)
         with host.lock:
@@ -306,6 +321,7 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
                 stats.loss += float(loss) / n_mini
                 stats.loss_tokens += mb.n_loss_tokens
                 stats.row_tokens += mb.n_tokens
+                stats.sequence_tokens += sum(len(mini[m].ids) for i in microbatches[r] for m in rows[i].members)
                 stats.padding_tokens += mb.n_padding
                 stats.clipped += int(clipped.sum())
                 stats.entropy_sum += float(entropy.sum())

@@ -264,7 +264,7 @@ def fit(run: Run, plan: OptimPlan, m: StepMetrics, t0: float, probe: TrainSequen
     m.lora_update_norm = math.sqrt(sum(float(((p.detach() - b) ** 2).sum()) for p, b in zip(run.params, before)))
     m.learning_rate = plan.learning_rate
     m.step_seconds = time.time() - t0
-    m.tokens_per_second = stats.row_tokens * plan.epochs / max(m.step_seconds, 1e-9)
+    m.tokens_per_second = stats.sequence_tokens * plan.epochs / max(m.step_seconds, 1e-9)
     if stats.optimizer_steps and not _finite(run, probe.ids[:256]):
         raise StepFailed(NON_FINITE_UPDATE, m)
     m.trained = stats.optimizer_steps > 0

@@ -48,15 +48,17 @@ def replica(host: ModelHost, state: dict[str, torch.Tensor]) -> TrainingReplica:
     return TrainingReplica(host, ADAPTER, new_optimizer(params), params)
 
 
-def sequences(vocab: int, n: int = 12, seed: int = 1) -> list[TrainSequence]:
+def sequences(vocab: int, n: int = 12, seed: int = 1, shared_prompt: bool = False) -> list[TrainSequence]:
     """Prompt-then-completion sequences of mixed lengths, the completion sampled at T=1 or 0.7
-    with made-up sampler logprobs (so that ratios and clipping are not trivial)."""
+    with made-up sampler logprobs (so that ratios and clipping are not trivial); `shared_prompt`:
+    groups of four share a 20-token prompt, as a GRPO group does."""
     rng = random.Random(seed)
     out = []
+    prompts = [[rng.randrange(vocab) for _ in range(20)] for _ in range(n // 4 + 1)] if shared_prompt else []
     for i in range(n):
         prompt, completion = rng.randint(8, 30), rng.randint(4, 24)
         s = TrainSequence(advantage=rng.choice([-1.0, -0.5, 0.5, 1.0]), group=i // 4)
-        s.extend([rng.randrange(vocab) for _ in range(prompt)], trained=False)
+        s.extend(prompts[i // 4] if shared_prompt else [rng.randrange(vocab) for _ in range(prompt)], trained=False)
         s.extend([rng.randrange(vocab) for _ in range(completion)], trained=True,
                  logprobs=[-rng.uniform(0.5, 6.0) for _ in range(completion)], temperature=rng.choice([1.0, 0.7]))
         out.append(s)

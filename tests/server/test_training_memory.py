@@ -168,7 +168,7 @@ def test_micro_batches_cut_to_memory_train_the_same_update(monkeypatch):
         run = _embedded_replica(seed=0)
         cuts: list[int] = []
         monkeypatch.setattr(opt, "make_microbatch", lambda seqs, *a, cuts=cuts, **k: (
-            cuts.append(len(seqs)), make(seqs, *a, **k))[1])
+            cuts.append(len(k["packs"])), make(seqs, *a, **k))[1])  # its rows, a sequence each
         stats = opt.optimize(run, _sequences(12, seed=1), opt.OptimPlan.for_rl(cfg, 1e-3), opt.rl_loss(cfg))
         results.append((cuts, stats, [p.grad.clone() for p in run.params]))  # left after the step
     (big, s1, g1), (small, s2, g2) = results
