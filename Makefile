@@ -85,7 +85,7 @@ bench-scale: install $(RAY_STAMP)
 
 bench: install
 	$(PY) bench/serve.py
-	$(PY) bench/train_step.py
+	$(PY) bench/train_step.py --smollm2
 	$(PY) bench/publish.py
 
 # Peak resident memory of art-server per phase (start, evaluation, sampling, training, idle) on the

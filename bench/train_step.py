@@ -7,12 +7,12 @@ measured in the same run, trains the same token sequences in-process with plain 
 batches in submission order, cross-entropy, AdamW, nothing else.
 
 Prefix sharing (art-server --share-prefix, server/training/packing.py): the same sequences trained
-in-process by the server's own optimizer, with and without sharing, on the embedded model and on
-each `--model` given (a model directory; the demo's token ids are read as that model's): the step's
-seconds (the faster of two), its peak resident memory above what the process held before it, and
-the tokens its forward encoded.
+in-process by the server's own optimizer, with and without sharing, on the embedded model and, with
+`--smollm2`, on SmolLM2-135M's weights (the demo's token ids read as SmolLM2's): the step's seconds
+(the faster of two), its peak resident memory above what the process held before it, and the
+tokens its forward encoded.
 
-    python bench/train_step.py [--model DIR ...]       # prints one JSON line last
+    python bench/train_step.py [--smollm2]       # prints one JSON line last
 """
 
 from __future__ import annotations
@@ -150,16 +150,20 @@ def _raw(model_dir: Path, sequences: list[list[int]]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, action="append", default=[],
-                        help="a model directory to measure prefix sharing on as well (repeatable)")
+    parser.add_argument("--smollm2", action="store_true", help="measure prefix sharing on SmolLM2-135M as well")
     args = parser.parse_args()
     model_dir = ROOT / "server" / "embedded" / "model"
+    models = [model_dir]
+    if args.smollm2:
+        from tests.real_models import converted, smollm2_gguf
+
+        models.append(converted(smollm2_gguf()))
     with tempfile.TemporaryDirectory(prefix="bench-train-") as work, \
             LocalServer(Path(work) / "data", extra=["--device", "cpu"]) as server:
         groups, result = asyncio.run(_step(server.url))
     sequences = _sequences(groups, model_dir)
     raw = _raw(model_dir, [s.ids for s in sequences])
-    sharing = [_sharing(d, sequences) for d in (model_dir, *args.model)]
+    sharing = [_sharing(d, sequences) for d in models]
     m = result.metrics
     print(json.dumps({"train_tokens_per_s": round(m.tokens_per_second, 1), "raw_fwd_bwd_tokens_per_s": round(raw, 1),
                       "ratio": round(m.tokens_per_second / raw, 3), "padding_fraction": round(m.padding_fraction, 4),

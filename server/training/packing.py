@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-# Fewer shared tokens than this and a pack saves less than its longer row's attention costs.
+# Sequences sharing fewer tokens than this are not packed, whatever `row_cost` says.
 MIN_SHARED = 16
 # A pack's row at most: its mask is [row x row] (64 MiB in float32 at 4096), on top of the
 # activations the micro-batch's token budget counts.
@@ -32,7 +32,7 @@ MAX_ROW = 4096
 @dataclass(frozen=True)
 class Pack:
     """Sequences `members` (indices) laid out in one row: `prefix` tokens shared, then each
-    member's tokens from `prefix` on, in order."""
+    member's tokens from `prefix` on, in order. A sequence alone is a pack whose prefix is all of it."""
 
     members: tuple[int, ...]
     prefix: int
@@ -69,8 +69,9 @@ def single(index: int, length: int) -> Pack:
 
 # Attention's multiply-adds run slower than the linear layers' on the 2-core CPU. Replaying the
 # demo's step 4 (128 sequences) on the embedded model, packs chosen with this factor at 1 / 4 / 16
-# trained in 3.3 / 2.5 / 2.1 s (5.9 s unshared); 16 groups x 8 of SmolLM2 with room for whole
-# groups, at 1 / 8: 15.0 / 17.3 s (32.4 s unshared). 4 is the compromise.
+# trained in 3.3 / 2.5 / 2.1 s (5.9 s unshared); 2 groups x 8 on SmolLM2 (150-token prompts, 30-120
+# sampled), with memory for whole groups in a row, at 1 / 8: 15.0 / 17.3 s (32.4 s unshared). 4 is
+# the compromise.
 ATTENTION_SLOWDOWN = 4.0
 
 
@@ -88,13 +89,11 @@ def attention_weight(config: object) -> float:
     return ATTENTION_SLOWDOWN * 4 * heads * head_dim / max(2 * weights, 1)
 
 
-def row_cost(lengths: list[int], prefix: int, weight: float) -> float:
+def row_cost(pack: Pack, weight: float) -> float:
     """A row's cost in token-layers: its tokens, plus attention. A sequence's own row is causal (the
     kernel skips the half past the diagonal); a pack's tree mask is computed whole."""
-    if len(lengths) == 1:
-        return lengths[0] * (1 + weight * lengths[0] / 2)
-    width = prefix + sum(n - prefix for n in lengths)
-    return width * (1 + weight * width)
+    causal = 0.5 if len(pack.members) == 1 else 1.0
+    return pack.length * (1 + weight * pack.length * causal)
 
 
 def packs(sequences: list[list[int]], max_length: int, weight: float = 0.0,
@@ -104,35 +103,20 @@ def packs(sequences: list[list[int]], max_length: int, weight: float = 0.0,
     stays within `max_length`, and it costs less than the two apart (`row_cost`, attention weighing
     `weight` a key): a group's members share most of their tokens, while groups that share only a
     system prompt would make long rows whose attention costs more than the prompt saves. A sequence
-    longer than `max_length` is a pack of one. Each member keeps at least one token of its own
-    after the prefix, so that two identical sequences still each have a row position for their
-    last token."""
-    order = sorted(range(len(sequences)), key=lambda i: sequences[i])
+    longer than `max_length` is a pack of one. A member may lie wholly in the prefix (a sequence
+    sampled twice, or one that another continues): its logits are the prefix's."""
     out: list[Pack] = []
-    members: list[int] = []
-    prefix = 0
-
-    def close() -> None:
-        if len(members) == 1:
-            out.append(single(members[0], len(sequences[members[0]])))
-        elif members:
-            out.append(Pack(tuple(members), prefix, tuple(len(sequences[m]) for m in members)))
-
-    for i in order:
-        seq = sequences[i]
-        if members:
-            shared = min(prefix, common_prefix(sequences[members[0]], seq), len(seq) - 1)
-            lengths = [len(sequences[m]) for m in members]
-            joined = row_cost([*lengths, len(seq)], shared, weight)
-            apart = row_cost(lengths, prefix, weight) + row_cost([len(seq)], len(seq), weight)
-            width = shared + sum(n - shared for n in [*lengths, len(seq)])
-            if shared >= min_shared and width <= max_length and joined < apart:
-                members.append(i)
-                prefix = shared
+    for i in sorted(range(len(sequences)), key=lambda i: sequences[i]):
+        seq, alone = sequences[i], single(i, len(sequences[i]))
+        if out:
+            last = out[-1]
+            shared = min(last.prefix, common_prefix(sequences[last.members[0]], seq))
+            joined = Pack((*last.members, i), shared, (*last.lengths, len(seq)))
+            if shared >= min_shared and joined.length <= max_length and \
+                    row_cost(joined, weight) < row_cost(last, weight) + row_cost(alone, weight):
+                out[-1] = joined
                 continue
-            close()
-        members, prefix = [i], len(seq) - 1
-    close()
+        out.append(alone)
     return out
 
 

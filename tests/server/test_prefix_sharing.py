@@ -19,7 +19,7 @@ from server.training.data_parallel import TrainingReplica
 from server.training import optimize
 from server.training.optimize import OptimizeStats, OptimPlan, _accumulate, rl_loss
 from server.training.packing import (ATTENTION_SLOWDOWN, MIN_SHARED, Pack, packable_length, packs, positions, row_cost,
-                                     tree_mask)
+                                     single, tree_mask)
 from tests.families import tiny_model_dir
 
 GRADIENT_TOLERANCE = 1e-5  # float32, the largest difference of any LoRA gradient
@@ -74,15 +74,15 @@ def test_a_pack_grows_only_while_it_costs_less_than_its_members_apart():
     for weight in (7e-4 * ATTENTION_SLOWDOWN, 0.05):  # the embedded model's; attention far dearer
         result = packs(seqs, 4096, weight)
         for pk in result:
-            assert row_cost(list(pk.lengths), pk.prefix, weight) <= sum(row_cost([n], n, weight) for n in pk.lengths)
+            assert row_cost(pk, weight) <= sum(row_cost(single(m, n), weight) for m, n in zip(pk.members, pk.lengths))
     assert max(len(pk.members) for pk in packs(seqs, 4096, 0.05)) < 8  # a whole group's row would cost more
 
 
 @pytest.mark.unit
-def test_identical_sequences_each_keep_a_token_of_their_own():
+def test_a_sequence_sampled_twice_or_continued_by_another_lies_in_the_prefix():
     seq = list(range(30))
-    (pack,) = packs([seq, list(seq)], 4096)
-    assert pack.prefix == 29 and pack.length == 31
+    (pack,) = packs([seq, list(seq), seq + [7, 8]], 4096)
+    assert pack.prefix == 30 and pack.length == 32
 
 
 @pytest.mark.unit
@@ -124,10 +124,11 @@ def _sequence(parts: list[tuple[list[int], bool]], advantage: float) -> TrainSeq
 
 
 def _group(rng: random.Random, vocab: int) -> list[TrainSequence]:
-    """A GRPO group: one prompt, eight sampled completions (two of them the same)."""
+    """A GRPO group: one prompt, eight sampled completions (two of them the same, and one that
+    another continues)."""
     prompt = [rng.randrange(3, vocab) for _ in range(40)]
-    completions = [[rng.randrange(3, vocab) for _ in range(rng.randrange(2, 20))] for _ in range(7)]
-    completions.append(list(completions[0]))
+    completions = [[rng.randrange(3, vocab) for _ in range(rng.randrange(2, 20))] for _ in range(6)]
+    completions += [list(completions[0]), completions[1] + [rng.randrange(3, vocab) for _ in range(5)]]
     return [_sequence([(prompt, False), (c, True)], rng.uniform(-1, 1)) for c in completions]
 
 
