@@ -56,7 +56,7 @@ def make_optimizer(settings: Settings, host: ModelHost) -> Any:
     from server.training.data_parallel import DataParallelTrainer
 
     return DataParallelTrainer(settings.train_processes, settings.ray_address, host.model_dir, host.device, host.dtype,
-                               settings.gradient_checkpointing, settings.share_prefix).optimize
+                               settings.gradient_checkpointing).optimize
 
 
 def build_state(settings: Settings) -> ServerState:

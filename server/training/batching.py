@@ -44,7 +44,8 @@ class Microbatch:
     advantages: torch.Tensor  # [K]
     weights: torch.Tensor  # [K]
     seq_index: torch.Tensor  # [K] index of the token's sequence within the minibatch
-    n_tokens: int  # real (non-padding) tokens
+    n_tokens: int  # real (non-padding) tokens, a shared prefix once
+    n_sequence_tokens: int  # the sequences' tokens, a shared prefix once for each
     n_padding: int
     # The reference's (base model, adapter disabled) logprobs of the targets, where a loss or the
     # KL figures need them; filled by the optimizer, not here.
@@ -95,7 +96,7 @@ def make_microbatch(seqs: list[TrainSequence], seq_ids: list[int], device: torch
         input_ids=ids.to(device), attention_mask=mask, position_ids=position_ids, rows=t(rows, torch.long),
         logit_positions=t(pos, torch.long), targets=t(targets, torch.long), old_logprobs=t(old),
         temperatures=t(temps), advantages=t(adv), weights=t(w), seq_index=t(sidx, torch.long),
-        n_tokens=real, n_padding=len(packs) * width - real,
+        n_tokens=real, n_sequence_tokens=sum(sum(pk.lengths) for pk in packs), n_padding=len(packs) * width - real,
     )
 
 

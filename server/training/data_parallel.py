@@ -129,15 +129,13 @@ def bind_collectives_to(node_address: str) -> None:
 class TrainProcess:
     """One rank (a Ray actor): the base model, a copy of each trained adapter, its share of a step."""
 
-    def __init__(self, rank: int, world: int, model_dir: str, device: str, dtype: str, gradient_checkpointing: bool,
-                 share_prefix: bool):
+    def __init__(self, rank: int, world: int, model_dir: str, device: str, dtype: str, gradient_checkpointing: bool):
         if device == "cpu":
             torch.set_num_threads(1)  # a rank is placed on one CPU; more threads would fight the others
         self.rank, self.world = rank, world
         self.host = ModelHost(Path(model_dir), device=device, dtype=dtype)
         if gradient_checkpointing:
             self.host.enable_gradient_checkpointing()
-        self.host.share_prefix = share_prefix
         self.replicas: dict[str, TrainingReplica] = {}
         self._stopped = 0  # the id of the last step told to stop
         self._lock = threading.Lock()
@@ -165,7 +163,8 @@ class TrainProcess:
 
     def step(self, step_id: int, adapter: str, lora_config: Any, adapter_state: dict[str, torch.Tensor],
              optimizer_state: dict[str, Any], sequences: list[TrainSequence], plan: OptimPlan, token_loss: TokenLoss,
-             measure_gap: bool, measure_kl: bool, loss_scale: float) -> RankResult:
+             measure_gap: bool, measure_kl: bool, loss_scale: float, share_prefix: bool) -> RankResult:
+        self.host.share_prefix = share_prefix  # as the server's host has it, so every rank cuts the same rows
         replica = self._replica(adapter, lora_config)
         with self.host.lock:
             self.host.load_adapter_state(adapter, adapter_state)
@@ -199,16 +198,14 @@ class DataParallelTrainer:
     the same arguments and result as server/training/optimize.py's."""
 
     def __init__(self, processes: int, address: str | None, model_dir: Path, device: torch.device, dtype: torch.dtype,
-                 gradient_checkpointing: bool = False, share_prefix: bool = False,
-                 start_timeout: float = START_TIMEOUT):
+                 gradient_checkpointing: bool = False, start_timeout: float = START_TIMEOUT):
         from server.connections.ray_cluster import connect
 
         self.ray = connect(address)
         self.world, self.address = processes, address
         self.model_dir, self.device = str(model_dir), "cuda" if device.type == "cuda" else "cpu"
         self.dtype = str(dtype).removeprefix("torch.")
-        self.gradient_checkpointing, self.share_prefix = gradient_checkpointing, share_prefix
-        self.start_timeout = start_timeout
+        self.gradient_checkpointing, self.start_timeout = gradient_checkpointing, start_timeout
         self.ranks: list[Any] = []
         self._step_id = 0
         self._starts = 0
@@ -222,7 +219,7 @@ class DataParallelTrainer:
         self._starts += 1
         # SPREAD: a node's accelerators and memory to each rank, as a multi-node job places them.
         self.ranks = [actor.options(name=f"{self.name_prefix}{self._starts}-{r}", scheduling_strategy="SPREAD").remote(
-            r, self.world, self.model_dir, self.device, self.dtype, self.gradient_checkpointing, self.share_prefix)
+            r, self.world, self.model_dir, self.device, self.dtype, self.gradient_checkpointing)
             for r in range(self.world)]
         try:
             address, port = ray.get(self.ranks[0].address.remote(), timeout=self.start_timeout)
@@ -260,7 +257,7 @@ class DataParallelTrainer:
         self._step_id += 1
         args = [ray.put(x) for x in (state, run.optimizer.state_dict(), sequences)]
         refs = [r.step.remote(self._step_id, run.adapter, lora_config, *args, p, token_loss, measure_gap, measure_kl,
-                              loss_scale) for r in self.ranks]
+                              loss_scale, host.share_prefix) for r in self.ranks]
         results = self._gather(refs, should_stop)
         if any(r.stats is None for r in results):
             raise Cancelled()

@@ -321,7 +321,7 @@ def _accumulate(run: Any, mini: list[TrainSequence], p: OptimPlan, token_loss: T
                 stats.loss += float(loss) / n_mini
                 stats.loss_tokens += mb.n_loss_tokens
                 stats.row_tokens += mb.n_tokens
-                stats.sequence_tokens += sum(len(mini[m].ids) for i in microbatches[r] for m in rows[i].members)
+                stats.sequence_tokens += mb.n_sequence_tokens
                 stats.padding_tokens += mb.n_padding
                 stats.clipped += int(clipped.sum())
                 stats.entropy_sum += float(entropy.sum())

@@ -24,8 +24,8 @@ from tests.helpers import adapter_weights, demo_groups, with_rewards
 from tests.ray.steps import PLAN, adapter_host, max_difference, replica as make_replica, sequences as make_sequences
 
 FIGURES = ("loss", "entropy", "clip_fraction", "logprob_gap", "kl_to_base", "grad_norm", "padding_fraction")
-COUNTS = ("loss_tokens", "row_tokens", "sequence_tokens", "padding_tokens", "gap_tokens", "kl_tokens", "clipped", "optimizer_steps",
-          "skipped_steps")
+COUNTS = ("loss_tokens", "row_tokens", "sequence_tokens", "padding_tokens", "gap_tokens", "kl_tokens", "clipped",
+          "optimizer_steps", "skipped_steps")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def ray(ray_cluster):
 
 @pytest.fixture(scope="module")
 def trainer(ray, ray_cluster, host):
-    t = DataParallelTrainer(2, ray_cluster, host.model_dir, host.device, host.dtype, share_prefix=True)
+    t = DataParallelTrainer(2, ray_cluster, host.model_dir, host.device, host.dtype)
     yield t
     t.shutdown()
 
@@ -58,13 +58,13 @@ LOSSES = {"ppo": (rl_loss(TrainConfig(loss="ppo")), PLAN, True),
           "sft": (sft_loss, replace(PLAN, kl_coef=0.0), False)}
 
 
-@pytest.mark.parametrize("name", [*LOSSES, "ppo, groups sharing their prompts"])
-def test_two_processes_train_the_adapter_one_process_trains(host, trainer, name, monkeypatch):
-    loss, plan, rl = LOSSES[name.split(",")[0]]
-    sequences = make_sequences(host.vocab_size)
-    if name not in LOSSES:  # each rank packs a group's members in one row, as one process does
-        sequences = make_sequences(host.vocab_size, shared_prompt=True)
-        monkeypatch.setattr(host, "share_prefix", True)
+@pytest.mark.parametrize("name,shared", [(name, False) for name in LOSSES] + [("ppo", True)])
+def test_two_processes_train_the_adapter_one_process_trains(host, trainer, name, shared, monkeypatch):
+    """`shared`: groups share their prompts, and every rank packs a group's members in one row, as
+    the one process does (the ranks follow the server's host)."""
+    loss, plan, rl = LOSSES[name]
+    sequences = make_sequences(host.vocab_size, shared_prompt=shared)
+    monkeypatch.setattr(host, "share_prefix", shared)
     with host.lock:
         start = host.adapter_state("dp")
 
