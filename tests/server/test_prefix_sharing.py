@@ -181,7 +181,10 @@ def _assert_same_step(host: ModelHost, sequences: list[TrainSequence]) -> None:
     assert shared_stats.row_tokens < plain_stats.row_tokens == shared_stats.sequence_tokens  # the prefix encoded once
     assert shared_stats.figures()["prefix_shared_fraction"] > 0 == plain_stats.figures()["prefix_shared_fraction"]
     assert shared_stats.loss == pytest.approx(plain_stats.loss, rel=1e-5, abs=1e-7)
-    assert shared_stats.kl_sum == pytest.approx(plain_stats.kl_sum, rel=1e-5, abs=1e-6)
+    # the KL estimator exponentiates the difference of two float32 log-probabilities, so its relative
+    # error is their absolute error (a few 1e-6 at a real vocabulary's log-sum-exp), not float32's epsilon:
+    # 1.6e-5 was seen on SmolLM2's weights on another machine; a mask that leaks moves it by far more
+    assert shared_stats.kl_sum == pytest.approx(plain_stats.kl_sum, rel=1e-4, abs=1e-6)
     assert shared_stats.entropy_sum == pytest.approx(plain_stats.entropy_sum, rel=1e-5)
     assert shared_stats.loss_tokens == plain_stats.loss_tokens
     assert all(g.abs().max() > 0 for g in plain)
