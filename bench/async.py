@@ -8,8 +8,8 @@ waits for. For each seed, one run per bound S (0 = synchronous, then 1, 2, 4) tr
 another on one art-server: the synchronous run `--steps` steps, each S > 0 run up to
 `--async-steps-factor` times as many (staler steps may each teach less; time to reward is what
 counts). The wall time at which each step landed is recorded during the run; afterwards, outside
-the timed region, every `--eval-every`-th checkpoint and the last are evaluated on 64 held-out
-tasks without the latency (the reward is the same).
+the timed region, checkpoints are evaluated on 64 held-out tasks without the latency (the reward
+is the same): each run's last, and every `--eval-every`-th in order until one reaches the target.
 
 Time to reward: from a run's start (after its opening evaluation) to the landing of the first
 evaluated step whose held-out reward reaches the synchronous run's final one, less one standard
@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import typer
 
@@ -120,24 +120,71 @@ def throughput_score(steps: list[tuple[int, float]], seconds: float, tau: float 
             "score": round(per_second * freshness, 2)}
 
 
-async def held_out(url: str, run: dict[str, Any], every: int) -> dict[int, float]:
-    model = await TrainableModel(run["run"]).register(url)
-    last = max(run["landed"])
-    example = ShopExample()
+class HeldOut:
+    """Each run's held-out reward by step, a step evaluated only when first asked for. Time to reward
+    scans a run's evaluated steps in order and stops at the first that reaches the target: the same
+    answer as evaluating every step first, for a fraction of the evaluations (there are 66 steps a
+    seed). `evaluate_step(run, step)`: the reward, evaluated."""
+
+    def __init__(self, evaluate_step: Callable[[dict[str, Any], int], Awaitable[float]], every: int):
+        self.evaluate_step, self.every = evaluate_step, every
+
+    def steps(self, run: dict[str, Any]) -> list[int]:
+        """The steps that may be evaluated: every `every`-th and the last."""
+        return sorted({s for s in run["landed"] if s % self.every == 0} | {max(run["landed"])})
+
+    async def reward(self, run: dict[str, Any], step: int) -> float:
+        if step not in run.setdefault("held_out", {}):
+            run["held_out"][step] = await self.evaluate_step(run, step)
+        return run["held_out"][step]
+
+    async def final(self, run: dict[str, Any]) -> float:
+        return await self.reward(run, max(run["landed"]))
+
+    async def seconds_to(self, run: dict[str, Any], target: float) -> float | None:
+        """When the first evaluated step whose reward reaches `target` landed."""
+        for step in self.steps(run):
+            if await self.reward(run, step) >= target:
+                return run["landed"][step]
+        return None
+
+    async def reward_by(self, run: dict[str, Any], seconds: float) -> float | None:
+        """The held-out reward of the newest evaluated step that had landed `seconds` into the run."""
+        landed = [s for s in self.steps(run) if run["landed"][s] <= seconds + 1e-6]
+        return await self.reward(run, max(landed)) if landed else None
+
+
+def on_server(url: str) -> Callable[[dict[str, Any], int], Awaitable[float]]:
+    """HeldOut's evaluation: a run's step on the server, on the demo's first 64 held-out tasks, sampled
+    with the run's seed (the steps of one seed's runs are compared on the same draws)."""
+    example, models = ShopExample(), {}
     tasks = example.eval_tasks()[:HELD_OUT]
-    return {step: await evaluate(model, example, tasks, progress=False, step=step)
-            for step in sorted({s for s in run["landed"] if s % every == 0} | {last})}
+
+    async def evaluate_step(run: dict[str, Any], step: int) -> float:
+        if run["run"] not in models:
+            models[run["run"]] = await TrainableModel(run["run"]).register(url)
+        return await evaluate(models[run["run"]], example, tasks, progress=False, step=step, seed=run["seed"])
+
+    return evaluate_step
 
 
-def seconds_to(run: dict[str, Any], target: float) -> float | None:
-    reached = [s for s, r in run["held_out"].items() if r >= target]
-    return run["landed"][min(reached)] if reached else None
-
-
-def reward_by(run: dict[str, Any], seconds: float) -> float | None:
-    """The held-out reward of the newest evaluated step that had landed `seconds` into the run."""
-    landed = [s for s in run["held_out"] if run["landed"][s] <= seconds + 1e-6]
-    return run["held_out"][max(landed)] if landed else None
+async def time_to_reward(held_out: HeldOut, runs: list[dict[str, Any]], seeds: int) -> None:
+    """Each run's final reward, its time to its seed's synchronous final reward (less one standard
+    error) and the ratio of that to the synchronous run's own, and its reward on the synchronous
+    run's time budget."""
+    for run in runs:
+        run["final_reward"] = await held_out.final(run)
+    for seed in range(seeds):
+        sync = next(r for r in runs if r["seed"] == seed and r["S"] == 0)
+        p = sync["final_reward"]
+        target = p - math.sqrt(max(p * (1 - p), 1e-9) / HELD_OUT)
+        base = await held_out.seconds_to(sync, target)
+        for run in (r for r in runs if r["seed"] == seed):
+            run["target_reward"] = target
+            run["reward_at_sync_seconds"] = await held_out.reward_by(run, sync["train_seconds"])
+            run["seconds_to_target"] = await held_out.seconds_to(run, target)
+            run["ratio_to_sync"] = (run["seconds_to_target"] / base
+                                    if run["seconds_to_target"] is not None and base else None)
 
 
 def main(seeds: int = 3, steps: int = 12, groups: int = 4, group_size: int = 8, lr: float = 2e-3,
@@ -156,20 +203,7 @@ def main(seeds: int = 3, steps: int = 12, groups: int = 4, group_size: int = 8, 
                 print(f"seed {seed} S={bound}: {len(run['landed'])} steps in {run['train_seconds']:.0f}s, staleness mean "
                       f"{run['staleness_mean']}, dropped {run['groups_dropped_stale']}", flush=True)
                 runs.append(run)
-        for run in runs:
-            run["held_out"] = asyncio.run(held_out(server.url, run, eval_every))
-            run["final_reward"] = run["held_out"][max(run["held_out"])]
-    for seed in range(seeds):
-        sync = next(r for r in runs if r["seed"] == seed and r["S"] == 0)
-        p = sync["final_reward"]
-        target = p - math.sqrt(max(p * (1 - p), 1e-9) / HELD_OUT)
-        base = seconds_to(sync, target)
-        for run in (r for r in runs if r["seed"] == seed):
-            run["target_reward"] = target
-            run["reward_at_sync_seconds"] = reward_by(run, sync["train_seconds"])
-            run["seconds_to_target"] = seconds_to(run, target)
-            run["ratio_to_sync"] = (run["seconds_to_target"] / base
-                                    if run["seconds_to_target"] is not None and base else None)
+        asyncio.run(time_to_reward(HeldOut(on_server(server.url), eval_every), runs, seeds))
     by_bound = {}
     for bound in bound_list:
         mine = [r for r in runs if r["S"] == bound]

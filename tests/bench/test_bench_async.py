@@ -16,19 +16,51 @@ spec = importlib.util.spec_from_file_location("bench_async", ROOT / "bench" / "a
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
-RUN = {"landed": {1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0}, "held_out": {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.95}}
+import asyncio
+
+REWARDS = {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.95}
+LANDED = {1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0}
+
+
+def held_out(every: int = 1) -> tuple[object, list[int]]:
+    """A HeldOut whose evaluation reads REWARDS, and the steps it evaluated."""
+    evaluated: list[int] = []
+
+    async def evaluate_step(run, step):
+        evaluated.append(step)
+        return REWARDS[step]
+
+    return bench.HeldOut(evaluate_step, every), evaluated
 
 
 def test_time_to_a_reward_is_the_first_evaluated_step_that_reaches_it():
-    assert bench.seconds_to(RUN, 0.9) == 20.0  # step 3's dip does not move it
-    assert bench.seconds_to(RUN, 0.95) == 40.0
-    assert bench.seconds_to(RUN, 0.96) is None
+    ho, evaluated = held_out()
+    assert asyncio.run(ho.seconds_to({"landed": LANDED}, 0.9)) == 20.0  # step 3's dip does not move it
+    assert evaluated == [1, 2]  # the scan stops where it is reached
+    assert asyncio.run(ho.seconds_to({"landed": LANDED}, 0.95)) == 40.0
+    assert asyncio.run(ho.seconds_to({"landed": LANDED}, 0.96)) is None
+    ho, _ = held_out(every=2)
+    assert asyncio.run(ho.seconds_to({"landed": LANDED}, 0.5)) == 20.0  # step 1 is not evaluated
 
 
-def test_reward_at_a_time_is_the_newest_step_landed_by_then():
-    assert bench.reward_by(RUN, 35.0) == 0.5
-    assert bench.reward_by(RUN, 40.0) == 0.95
-    assert bench.reward_by(RUN, 5.0) is None
+def test_reward_at_a_time_is_the_newest_step_landed_by_then_each_step_evaluated_once():
+    ho, evaluated = held_out()
+    run = {"landed": LANDED}
+    assert asyncio.run(ho.reward_by(run, 35.0)) == 0.5
+    assert asyncio.run(ho.reward_by(run, 40.0)) == 0.95
+    assert asyncio.run(ho.reward_by(run, 5.0)) is None
+    assert asyncio.run(ho.seconds_to(run, 0.95)) == 40.0
+    assert sorted(evaluated) == [1, 2, 3, 4] and run["held_out"] == REWARDS
+
+
+def test_the_runs_of_a_seed_are_timed_to_its_synchronous_final_reward():
+    ho, _ = held_out()
+    sync = {"seed": 0, "S": 0, "landed": LANDED, "train_seconds": 40.0}
+    fast = {"seed": 0, "S": 2, "landed": {s: t / 2 for s, t in LANDED.items()}, "train_seconds": 20.0}
+    asyncio.run(bench.time_to_reward(ho, [sync, fast], seeds=1))
+    assert sync["final_reward"] == 0.95 and sync["target_reward"] == pytest.approx(0.95 - math.sqrt(0.95 * 0.05 / 64))
+    assert sync["seconds_to_target"] == 40.0 and fast["seconds_to_target"] == 20.0 and fast["ratio_to_sync"] == 0.5
+    assert fast["reward_at_sync_seconds"] == 0.95
 
 
 def test_the_throughput_score_is_accepted_tokens_a_second_discounted_for_staleness():
