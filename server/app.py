@@ -15,16 +15,16 @@ from server import export_queue
 from server.api import (errors, exporter_routes, generate_routes, jsonl_routes, limits, logprobs_routes,
                         messages_routes, openai_routes, responses_routes, session_routes, training_routes, ui_routes)
 from server.api.auth import identify
-from server.api.deps import ServerState
-from server.store.data_lock import lock_data_dir
-from server.model.host import ModelHost, load_model
-from server.runs.ownership import Owners
 from server.harness.responses import ResponseStore
-from server.runs.facade import Runs
-from server.sampling.served_names import ServedModels
 from server.harness.sessions import Sessions
+from server.model.host import ModelHost, load_model
+from server.runs.facade import Runs
+from server.runs.ownership import Owners
+from server.sampling.served_names import ServedModels
 from server.settings import REPLICAS_ARE_TORCH, Settings
+from server.state import ServerState
 from server.store import Store
+from server.store.data_lock import lock_data_dir
 from server.training.jobs import JobManager
 
 log = logging.getLogger("artisan")

@@ -4,8 +4,9 @@ read (server/api/limits.py); the dependency below puts the same rule in the Open
 
 A key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's).
 `--api-key` keys are admin keys: they see every run. `--tenant-keys FILE` names tenant keys: a
-tenant sees only the runs it created (server/api/deps.py enforces it). Each key, admin or tenant,
-is a caller of its own for what it records (a session, a stored response).
+tenant sees only the runs it created (server/state.py's may_see_run). Each key, admin or tenant, is
+a caller of its own (server/runs/ownership.py's Caller) for what it records (a session, a stored
+response).
 """
 
 from __future__ import annotations
@@ -13,39 +14,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
 from fastapi import Depends, Request
 
-from server.api.errors import APIError, error_response
+from server.api.errors import error_response
+from server.request_errors import APIError
+from server.runs.ownership import Caller
 from server.settings import Settings
 
 PROTECTED = ("/v1/", "/inference/", "/ui/api/")  # /inference/: vLLM's token-in route
 MESSAGE = "missing or invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')"
 TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who a request is: an admin (every run), or a tenant (only its own runs)."""
-
-    tenant: str | None  # the tenant's name; None for an admin key (or a server without keys)
-    digest: str  # what a session or stored response is recorded under: a digest of the key
-
-    @property
-    def admin(self) -> bool:
-        return self.tenant is None
-
-    @property
-    def owner(self) -> str | None:
-        """What a run this caller creates is recorded as owned by."""
-        return self.tenant
-
-    def may_see(self, owner: str | None) -> bool:
-        # A run with no recorded owner (the admin's, or one from before tenant keys) is the admin's.
-        return self.admin or owner == self.tenant
 
 
 def server_keys(setting: str | None) -> list[str]:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol.jobs import JOB_KINDS
+from server.request_errors import APIError
 
 log = logging.getLogger("artisan.api")
 
@@ -79,13 +80,6 @@ def publish_error_codes(app: FastAPI) -> None:
 def _reference(code: int) -> dict:
     return {"description": _MEANINGS[code],
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:

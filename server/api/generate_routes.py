@@ -20,14 +20,16 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from server.api.auth import require_api_key
-from server.sampling.choices import sampling_info
-from server.api.deps import ServerState, State
-from server.api.engine_requests import check_params, resolve_policy, room, submit, wait_finished
-from server.api.errors import APIError, documented
+from server.api.deps import State
+from server.api.errors import documented
 from server.api.generate_schemas import GenerateRequest
 from server.api.limits import GuardedRoute
 from server.engine.base import DecodeSequence
 from server.engine.sampling import SamplingParams
+from server.request_errors import APIError
+from server.sampling.choices import sampling_info
+from server.sampling.engine_requests import check_params, resolve_policy, room, submit, wait_finished
+from server.state import ServerState
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))
@@ -69,7 +71,7 @@ async def generate(body: GenerateRequest, request: Request, state: State) -> dic
     params = _sampling_params(state, body)
     gen, events = submit(state, policy, body.token_ids, params)
     try:
-        await wait_finished(gen, events, request)
+        await wait_finished(gen, events, request.is_disconnected)
     finally:
         state.served.release(policy)
     sampling = sampling_info(state.host, policy, params, body.token_ids, None)

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from protocol.choices import INT64
-from server.api.schemas import MAX_STOPS
+from server.sampling.chat_request import MAX_STOPS
 
 # vLLM's values that leave sampling as it is.
 NEUTRAL = {"top_k": (-1, 0), "min_p": (0.0,), "repetition_penalty": (1.0,), "presence_penalty": (0.0,),

@@ -15,9 +15,10 @@ from protocol.choices import INT64
 from protocol.trajectory import Trajectory
 from server.api.auth import require_api_key
 from server.api.deps import RunDep, State
-from server.api.errors import APIError, documented
+from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.api.training_routes import SPLIT
+from server.request_errors import APIError
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))

@@ -26,8 +26,9 @@ from starlette.exceptions import HTTPException
 
 from protocol.nesting import MAX_BODY_DEPTH, TooDeep, check_depth
 from server.api.auth import key_problem
-from server.api.errors import APIError, error_response
+from server.api.errors import error_response
 from server.api.piecewise import body_model, prevalidated
+from server.request_errors import APIError
 from server.runs.checkpoints import CheckpointDamaged
 from server.settings import Settings
 from server.store import storage_failure

@@ -9,12 +9,14 @@ from fastapi import APIRouter, Depends, Request
 
 from protocol.logprobs import LogprobsRequest, LogprobsResponse, SequenceLogprobs
 from server.api.auth import require_api_key
-from server.api.deps import ServerState, State
-from server.api.engine_requests import resolve_policy
-from server.api.errors import APIError, documented
+from server.api.deps import State
+from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.model import scoring
+from server.request_errors import APIError
+from server.sampling.engine_requests import resolve_policy
 from server.sampling.served_names import Policy
+from server.state import ServerState
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))

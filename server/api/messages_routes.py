@@ -1,7 +1,7 @@
 """`POST /v1/messages`: Anthropic's Messages API as a face of the chat path.
 
 Blocks become chat messages (server/api/translate.py, by protocol/translation.py's rules), the
-one path samples them (server/api/completions.py), and the choice comes back as content blocks
+one path samples them (server/sampling/completions.py), and the choice comes back as content blocks
 (thinking where the parser found reasoning, text, tool_use) with Anthropic's stop reasons.
 Beside Anthropic's fields the message carries `prompt_token_ids`, `token_ids`, `logprobs` (one
 number per token id) and `sampling`, as a chat choice does; a stream sends Anthropic's events,
@@ -22,13 +22,15 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from server.api import completions, translate
+from server.api import translate
 from server.api.auth import require_api_key
-from server.api.deps import ServerState, SessionId, State, open_session
+from server.api.deps import SessionId, State, open_session
 from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.api.messages_schemas import MessagesRequest
-from server.api.streaming import Completion
+from server.sampling import completions
+from server.sampling.streaming import Completion
+from server.state import ServerState
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))
@@ -51,7 +53,7 @@ async def _message(body: MessagesRequest, request: Request, state: ServerState, 
     msg_id = "msg_" + uuid.uuid4().hex[:24]
     if body.stream:
         return StreamingResponse(_events(state, c, request, msg_id, body), media_type="text/event-stream")
-    [choice] = await completions.finish(state, c, request)
+    [choice] = await completions.finish(state, c, request.is_disconnected)
     prompt_tokens, completion_tokens = completions.usage(c)
     return {"id": msg_id, "type": "message", "role": "assistant", "model": body.model,
             "content": translate.anthropic_content(choice), **_stop(state, c, choice),
@@ -101,7 +103,7 @@ async def _events(state: ServerState, c: Completion, request: Request, msg_id: s
         blocks.append(kind)
         return out + [_sse("content_block_start", {"index": len(blocks) - 1, "content_block": block})]
 
-    async for chunk in completions.stream(state, c, request):
+    async for chunk in completions.stream(state, c, request.is_disconnected):
         if "error" in chunk:
             # overloaded_error: the type Anthropic's clients treat as passing (a replica lost)
             kind = "overloaded_error" if chunk["error"]["code"] == "replica_lost" else "api_error"

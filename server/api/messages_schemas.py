@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from protocol.choices import INT64
 from protocol.nesting import check_arguments
-from server.api.schemas import RefusedTopK, MAX_STOPS, TOOL_NAME, object_schema
+from server.sampling.chat_request import MAX_STOPS, TOOL_NAME, RefusedTopK, object_schema
 
 
 class _Block(BaseModel):

@@ -1,6 +1,6 @@
 """`GET /v1/models` and `POST /v1/chat/completions`, OpenAI-compatible.
 
-The request goes the one path every face shares (server/api/completions.py) and is answered with
+The request goes the one path every face shares (server/sampling/completions.py) and is answered with
 choices that carry what training needs (server/sampling/choices.py); the response carries
 `prompt_token_ids`. Under `/v1/sessions/{id}/` (and `/v1/sessions/{id}/v1/`, for a session base URL
 given with the `/v1` an OpenAI base URL usually ends in) the same routes record every exchange for
@@ -15,14 +15,15 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from server.api import completions
 from server.api.auth import CallerDep, require_api_key
-from server.api.deps import ServerState, SessionId, State, open_session
-from server.api.engine_requests import served_names
+from server.api.deps import SessionId, State, open_session
 from server.api.errors import documented
 from server.api.limits import GuardedRoute
-from server.api.schemas import ChatCompletionRequest
-from server.api.streaming import stream_chunks
+from server.sampling import completions
+from server.sampling.chat_request import ChatCompletionRequest
+from server.sampling.engine_requests import served_names
+from server.sampling.streaming import stream_chunks
+from server.state import ServerState
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))
@@ -59,7 +60,7 @@ async def _chat(body: ChatCompletionRequest, request: Request, state: ServerStat
     c = await completions.start(state, body, require_api_key(request), record)
     if body.stream:
         return StreamingResponse(stream_chunks(state.host, c, request.is_disconnected), media_type="text/event-stream")
-    choices = await completions.finish(state, c, request)
+    choices = await completions.finish(state, c, request.is_disconnected)
     prompt_tokens, completion_tokens = completions.usage(c)
     return {
         "id": c.id, "object": "chat.completion", "created": c.created, "model": body.model, "choices": choices,

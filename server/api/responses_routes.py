@@ -1,7 +1,7 @@
 """`POST /v1/responses`: OpenAI's Responses API as a face of the chat path.
 
 Input items become chat messages (server/api/translate.py, by protocol/translation.py's rules),
-the one path samples them (server/api/completions.py), and the choice comes back as output
+the one path samples them (server/sampling/completions.py), and the choice comes back as output
 items: reasoning where the parser found it, the message, one function_call per call. Beside
 OpenAI's fields the response carries what training needs: `prompt_token_ids`, `token_ids`,
 `logprobs` and `sampling`, as a chat choice does. A stream sends Responses' events;
@@ -22,13 +22,16 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from server.api import completions, translate
+from server.api import translate
 from server.api.auth import caller, require_api_key
-from server.api.deps import ServerState, SessionId, State, open_session
-from server.api.errors import APIError, documented
+from server.api.deps import SessionId, State, open_session
+from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.api.responses_schemas import ResponsesRequest
-from server.api.streaming import Completion
+from server.request_errors import APIError
+from server.sampling import completions
+from server.sampling.streaming import Completion
+from server.state import ServerState
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))
@@ -69,7 +72,7 @@ async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
 
     if body.stream:
         return StreamingResponse(_events(state, r, request, keep), media_type="text/event-stream")
-    [choice] = await completions.finish(state, c, request)
+    [choice] = await completions.finish(state, c, request.is_disconnected)
     keep(choice)
     return r.body(choice)
 
@@ -178,7 +181,7 @@ async def _events(state: ServerState, r: _Response, request: Request, keep) -> A
         return [done, ev("response.content_part.done", item_id=ids[kind], output_index=index, content_index=0, part=part),
                 ev("response.output_item.done", output_index=index, item=item)]
 
-    async for chunk in completions.stream(state, r.c, request):
+    async for chunk in completions.stream(state, r.c, request.is_disconnected):
         if "error" in chunk:
             yield ev("error", code=chunk["error"]["code"], message=chunk["error"]["message"], param=None)
             return

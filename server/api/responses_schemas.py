@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from protocol.choices import INT64
 from protocol.nesting import check_arguments
-from server.api.schemas import RefusedTopK, TOOL_NAME, FunctionSpec, ResponseFormat
+from server.sampling.chat_request import TOOL_NAME, FunctionSpec, RefusedTopK, ResponseFormat
 
 
 class _Item(BaseModel):

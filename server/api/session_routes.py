@@ -23,13 +23,15 @@ from fastapi import APIRouter, Depends, Request
 from protocol.jobs import JointSessionJob, RLJob, ScoredSession, SessionJob
 from protocol.trajectory import Trajectory, TrajectoryGroup
 from server.api.auth import CallerDep, caller, require_api_key
-from server.api.deps import RunDep, ServerState, SessionId, State, session_error
-from server.api.errors import APIError, documented
+from server.api.deps import RunDep, SessionId, State
+from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.api.training_routes import (LeaseChecked, LeaseHeader, accepted, check_job, joint_part, key_reused,
                                         queue_job, queue_together)
 from server.harness.sessions import SessionError
+from server.request_errors import APIError, session_error
 from server.runs.run import Run
+from server.state import ServerState
 from server.training.digests import body_hash
 from server.training.jobs import KeyConflict
 

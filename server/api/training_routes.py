@@ -15,18 +15,21 @@ from protocol.choices import INT64
 from protocol.config import RunSpec
 from protocol.jobs import TERMINAL_EVENTS, JobRequest, JointJob, RLJob, SFTJob
 from protocol.trajectory import TrajectoryGroup
-from server.api.auth import Caller, CallerDep, require_api_key
-from server.api.deps import RunDep, ServerState, State, get_run as run_named, may_see_run, other_model
-from server.api.errors import APIError, documented
+from server.api.auth import CallerDep, require_api_key
+from server.api.deps import RunDep, State
+from server.api.deps import get_run as run_named
+from server.api.errors import documented
 from server.api.limits import GuardedRoute
+from server.request_errors import APIError, other_model
 from server.runs.base_models import OtherModel, RunConflict
 from server.runs.leases import LEASE_SECONDS, LeaseHeld
+from server.runs.ownership import Caller, NameTaken, RunLimit
 from server.runs.run import Run
+from server.state import ServerState, may_see_run
 from server.store import trajectory_rows
 from server.training import bounds, distill
 from server.training.assemble import AssemblyError, check_submission
 from server.training.jobs import ACTIVE, Job, KeyConflict
-from server.runs.ownership import NameTaken, RunLimit
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
                    responses=documented(401, 503))

@@ -21,12 +21,12 @@ from typing import Any, Sequence
 from pydantic import ValidationError
 
 from protocol import translation
-from protocol.translation import TranslationError, Translated
-from server.api.errors import APIError
+from protocol.translation import Translated, TranslationError
 from server.api.messages_schemas import MessagesRequest
 from server.api.responses_schemas import ResponsesRequest
-from server.api.schemas import ChatCompletionRequest
 from server.chat.validate import RenderError, validate_messages
+from server.request_errors import APIError
+from server.sampling.chat_request import ChatCompletionRequest
 
 Messages = list[dict[str, Any]]
 

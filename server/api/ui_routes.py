@@ -12,14 +12,18 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Path as PathParam, Query
+from fastapi import APIRouter, Depends, Query
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, RedirectResponse
 
 from protocol.choices import INT64
-from server.api.auth import Caller, CallerDep, require_api_key
-from server.api.deps import RunName, ServerState, State, may_see_run, run_not_found
-from server.api.errors import APIError, documented
+from server.api.auth import CallerDep, require_api_key
+from server.api.deps import RunName, State
+from server.api.errors import documented
 from server.api.limits import GuardedRoute
+from server.request_errors import APIError, run_not_found
+from server.runs.ownership import Caller
+from server.state import ServerState, may_see_run
 from server.store import json_safe
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"

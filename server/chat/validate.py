@@ -1,7 +1,7 @@
 """Conversations no chat model was trained on are refused, with a message that says where.
 
 The shape of each message (roles, content parts, tool calls) is checked where a request arrives
-(server/api/schemas.py); what is checked here is the order: tool results follow the call they
+(server/sampling/chat_request.py); what is checked here is the order: tool results follow the call they
 answer, a system message comes first, a conversation does not end on an unanswered call.
 """
 

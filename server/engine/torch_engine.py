@@ -2,7 +2,8 @@
 
 Each loop iteration admits waiting sequences (short prompts prefilled together whatever their
 lengths, each distinct prompt once; a long prompt first takes what it can from the prefix cache,
-then prefills the rest), then runs one decode step for all rows, then retires the finished ones.
+then prefills the rest), then runs one decode step for all rows, then retires the finished ones,
+whose K/V (prompt and reply) the prefix cache keeps for the next turn.
 New requests therefore join at the next step boundary instead of waiting for a batch to drain,
 and 32 concurrent rollouts cost about one batched generate. One request never holds more than
 half the rows, so a large `n` cannot shut everyone else out.
@@ -306,8 +307,26 @@ class TorchEngine:
                                                     "(its adapter's weights are not finite)"))
             elif s.finish_reason is not None:
                 s.request.emit("finished", s)
+        self._keep_finished()
         self._rows = [self._rows[i] for i in keep]
         if not self._rows:
             self._kv = None
         elif self._kv is not None:
             self._kv.keep(keep)
+
+    def _keep_finished(self) -> None:
+        """A finished row's K/V (its prompt and all it sampled but the last token, which was never
+        forwarded) goes to the prefix cache: an agent's next turn re-sends this turn with its reply
+        spliced in as the same ids, and then prefills only what came after."""
+        kv = self._kv
+        if kv is None or self.prefix.max_bytes <= 0:
+            return
+        for r, s in enumerate(self._rows):
+            if s.finish_reason not in ("stop", "length"):
+                continue
+            length = kv.lengths[r]
+            ids = (s.request.prompt_ids + s.token_ids)[:length]
+            if len(ids) == length and self.prefix.wants(ids):
+                start = kv.width - length
+                self.prefix.add(s.request.policy.adapter, ids, [k[r, :, start:kv.width].clone() for k in kv.kbufs],
+                                [v[r, :, start:kv.width].clone() for v in kv.vbufs])

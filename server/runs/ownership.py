@@ -1,5 +1,5 @@
-"""Who created each run, and how many runs each key has: the record keys per tenant are enforced
-against (server/api/deps.py). Kept in memory, mirrored in the store's `runs` table, so a request's
+"""Who a request is (Caller), who created each run, and how many runs each key has: the record keys
+per tenant are enforced against (server/state.py's may_see_run, for every route and the sampling core). Kept in memory, mirrored in the store's `runs` table, so a request's
 check never waits on a database write.
 
 A run's owner is a tenant's name, or None: the admin's (runs made with an admin key, runs from
@@ -9,9 +9,31 @@ before tenant keys, runs whose store row was lost). Only an admin key sees a run
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from server.store import Store
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a request is: an admin (every run), or a tenant (only its own runs)."""
+
+    tenant: str | None  # the tenant's name; None for an admin key (or a server without keys)
+    digest: str  # what a session or stored response is recorded under: a digest of the key
+
+    @property
+    def admin(self) -> bool:
+        return self.tenant is None
+
+    @property
+    def owner(self) -> str | None:
+        """What a run this caller creates is recorded as owned by."""
+        return self.tenant
+
+    def may_see(self, owner: str | None) -> bool:
+        # A run with no recorded owner (the admin's, or one from before tenant keys) is the admin's.
+        return self.admin or owner == self.tenant
 
 
 class NameTaken(Exception):

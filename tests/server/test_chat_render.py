@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import ROOT
-from server.api.streaming import _partial_suffix
+from server.sampling.streaming import _partial_suffix
 from server.chat.format import ChatFormat
 from server.chat.parsers import HermesParser
 from server.chat.sampled_turns import SampledTurn, SampledTurns, fingerprint

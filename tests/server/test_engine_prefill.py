@@ -12,6 +12,7 @@ import torch
 
 from server.engine.base import GenRequest
 from server.engine.sampling import SamplingParams
+from server.engine.prefix_cache import MIN_TOKENS as PREFIX_CACHE_MIN
 from server.engine.torch_engine import TorchEngine
 from server.model.host import ModelHost
 from server.sampling.served_names import Policy
@@ -84,3 +85,36 @@ def test_a_left_padded_prefill_s_padding_is_zeroed_and_its_rows_are_kept():
     for buf in (*kv.kbufs, *kv.vbufs):
         assert (buf[1:, :, :3] == 0).all() and (buf[:, :, 3:5] == 1).all() and (buf[0, :, :5] == 1).all()
     assert kv.attention_mask().tolist() == [[1] * 5, [0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
+
+
+def _sample(engine: TorchEngine, prompt: list[int], seed: int, n: int = 1) -> GenRequest:
+    done = threading.Semaphore(0)
+    req = GenRequest(prompt_ids=prompt, params=SamplingParams(temperature=1.0, max_tokens=6, seed=seed, ignore_eos=True),
+                     policy=Policy("base", None, None, 0), n=n,
+                     emit=lambda kind, _: done.release() if kind in ("finished", "error") else None)
+    engine.submit(req)
+    for _ in range(n):
+        assert done.acquire(timeout=120)
+    return req
+
+
+def test_a_finished_turn_s_kv_serves_the_next_turn_which_prefills_only_its_new_tokens(host):
+    tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 40).input_ids
+    prompt = tokens[:PREFIX_CACHE_MIN + 4]
+    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=256)
+    engine.start()
+    try:
+        first = _sample(engine, prompt, seed=1, n=2)  # two replies: each its own entry
+        reused = engine.prefix.tokens_reused
+        for i, seq in enumerate(first.sequences):
+            # the next turn: this turn with its reply spliced in as the same ids, then a tool result
+            history = prompt + seq.token_ids + tokens[400 + 10 * i:410 + 10 * i]
+            nxt = _sample(engine, history, seed=2 + i)
+            # all but the reply's last token (never forwarded) came from the cache
+            assert engine.prefix.tokens_reused - reused == len(prompt) + len(seq.token_ids) - 1
+            reused = engine.prefix.tokens_reused
+            (reply,) = nxt.sequences
+            want = _reference(host, history, reply.token_ids, 1.0)
+            assert (torch.tensor(reply.logprobs) - want).abs().max().item() <= 1e-4
+    finally:
+        engine.stop()

@@ -8,16 +8,17 @@ releases it (a streamed answer releases it when its stream ends).
 from __future__ import annotations
 
 import asyncio
-
-from fastapi import Request
+from typing import Awaitable, Callable
 
 from protocol.names import run_of
-from server.api.auth import Caller
-from server.api.deps import ServerState, may_see_run, other_model
-from server.api.errors import APIError
 from server.engine.base import EngineFull, GenRequest, ReplicaLost, Unsupported
 from server.engine.sampling import SamplingParams
+from server.request_errors import APIError, other_model
+from server.runs.ownership import Caller
 from server.sampling.served_names import Policy
+from server.state import ServerState, may_see_run
+
+Disconnected = Callable[[], Awaitable[bool]]  # whether the client went away: the HTTP request's is_disconnected
 
 
 def served_names(state: ServerState, who: Caller) -> list[str]:
@@ -86,14 +87,14 @@ def submit(state: ServerState, policy: Policy, prompt_ids: list[int], params: Sa
     return gen, events
 
 
-async def wait_finished(gen: GenRequest, events: asyncio.Queue, request: Request) -> None:
+async def wait_finished(gen: GenRequest, events: asyncio.Queue, disconnected: Disconnected) -> None:
     """Until every sequence of `gen` is finished; a client that went away cancels it."""
     finished = 0
     while finished < gen.n:
         try:
             kind, payload = await asyncio.wait_for(events.get(), timeout=1.0)
         except asyncio.TimeoutError:
-            if await request.is_disconnected():
+            if await disconnected():
                 gen.cancelled = True
                 raise APIError(499, "client disconnected")
             continue

@@ -19,21 +19,19 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from fastapi import Request
-
-from server.api.auth import Caller
-from server.sampling.choices import build_choice, sampling_info
-from server.api.deps import ServerState, session_error
-from server.api.engine_requests import check_params, resolve_policy, room, submit, wait_finished
-from server.api.errors import APIError
-from server.api.schemas import ChatCompletionRequest
-from server.api.streaming import Completion, chunk_stream
 from server.chat.render import RenderedPrompt
 from server.chat.template import TemplateError
 from server.chat.validate import RenderError, validate_messages
 from server.engine.constraints import ConstraintError, constraint_for
 from server.engine.sampling import SamplingParams
 from server.harness.sessions import Recording, SessionError
+from server.request_errors import APIError, session_error
+from server.runs.ownership import Caller
+from server.sampling.chat_request import ChatCompletionRequest
+from server.sampling.choices import build_choice, sampling_info
+from server.sampling.engine_requests import Disconnected, check_params, resolve_policy, room, submit, wait_finished
+from server.sampling.streaming import Completion, chunk_stream
+from server.state import ServerState
 
 Recorder = Recording  # a session's, for a request under /v1/sessions/{id}/
 
@@ -115,10 +113,10 @@ def _begin(record: Recorder, body: ChatCompletionRequest) -> None:
         raise session_error(e)
 
 
-async def finish(state: ServerState, c: Completion, request: Request) -> list[dict[str, Any]]:
-    """Every choice of a request that does not stream, in index order."""
+async def finish(state: ServerState, c: Completion, disconnected: Disconnected) -> list[dict[str, Any]]:
+    """Every choice of a request that does not stream, in index order; a client gone cancels it."""
     try:
-        await wait_finished(c.gen, c.events, request)
+        await wait_finished(c.gen, c.events, disconnected)
         choices = [build_choice(state.host, s, c.sampling, c.tools_enabled) for s in c.gen.sequences]
         if c.on_choice is not None:  # stored before the answer and the release (which ends the exchange)
             for choice in choices:
@@ -128,9 +126,9 @@ async def finish(state: ServerState, c: Completion, request: Request) -> list[di
     return choices
 
 
-def stream(state: ServerState, c: Completion, request: Request) -> AsyncIterator[dict[str, Any]]:
+def stream(state: ServerState, c: Completion, disconnected: Disconnected) -> AsyncIterator[dict[str, Any]]:
     """Chat chunks as dicts, each choice complete in `c.choices` once its last chunk is out."""
-    return chunk_stream(state.host, c, request.is_disconnected)
+    return chunk_stream(state.host, c, disconnected)
 
 
 def usage(c: Completion) -> tuple[int, int]:

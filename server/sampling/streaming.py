@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from server.sampling.choices import build_choice, logprob_entries
 from server.chat.format import ChatFormat
-from server.engine.base import GenRequest, DecodeSequence, ReplicaLost
+from server.engine.base import DecodeSequence, GenRequest, ReplicaLost
+from server.sampling.choices import build_choice, logprob_entries
 
 
 def sse(obj: Any) -> str:

@@ -1,0 +1,38 @@
+"""The parts of one art-server, as every request sees them (server/app.py's build_state makes
+them), and the one rule on what a caller may see: another tenant's run is, to it, a run that does
+not exist."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from server.engine.base import Engine
+from server.export_queue import ExportQueue
+from server.harness.responses import ResponseStore
+from server.harness.sessions import Sessions
+from server.model.host import ModelHost
+from server.runs.facade import Runs
+from server.runs.ownership import Caller, Owners
+from server.sampling.served_names import ServedModels
+from server.settings import Settings
+from server.store import Store
+from server.training.jobs import JobManager
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    host: ModelHost
+    engine: Engine
+    served: ServedModels
+    runs: Runs
+    store: Store
+    jobs: JobManager
+    sessions: Sessions
+    responses: ResponseStore  # for previous_response_id
+    export_queue: ExportQueue | None = None  # when --export asks for exporters
+    owners: Owners | None = None  # who created each run; build_state always sets it
+
+
+def may_see_run(state: ServerState, who: Caller, name: str) -> bool:
+    return who.may_see(state.owners.owner(name))
