@@ -1,10 +1,13 @@
-"""K/V of recently prefilled long prompts, so that a prompt opening with one prefills only the rest.
+"""K/V of recently prefilled long prompts and finished turns, so that a prompt opening with one
+prefills only the rest.
 
 An agent re-sends its whole conversation every turn, and the rollouts of a group (and, in tau2,
 every task of a domain) open with the same system prompt: tau2's policy and tool list are 5-8k
-tokens. Without this, the torch engine pays for that prefix on every request.
+tokens. Without this, the torch engine pays for that prefix on every request. A finished turn is
+kept with its reply (the engine adds it as the row retires), so the next turn, which carries the
+reply as the same ids, prefills only the tool result and the new turn's opening.
 
-An entry holds one prompt's K/V as computed under one adapter. It is dropped when that adapter
+An entry holds one token sequence's K/V as computed under one adapter. It is dropped when that adapter
 is loaded again or unloaded (the engine calls `drop`), so a hit is always the weights the request
 decodes with. Logprobs after a cached prefix equal a full prefill's up to float rounding: the
 trainer's recomputation (logprob_gap) is the check. Entries are kept least recently used within a
@@ -75,8 +78,8 @@ class PrefixCache:
         return best
 
     def add(self, adapter: str | None, ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        """Keep a prompt's K/V (per layer [heads, len(ids), head_dim], not shared with any batch).
-        An entry this prompt extends is replaced by it; one that already covers it stays alone."""
+        """Keep the K/V of `ids` (per layer [heads, len(ids), head_dim], not shared with any batch).
+        An entry they extend is replaced by them; one that already covers them stays alone."""
         if not self.wants(ids):
             return
         prompt = torch.tensor(ids)
