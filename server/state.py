@@ -35,4 +35,4 @@ class ServerState:
 
 
 def may_see_run(state: ServerState, who: Caller, name: str) -> bool:
-    return who.may_see(state.owners.owner(name))
+    return state.owners.visible(who, name)

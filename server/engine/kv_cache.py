@@ -3,8 +3,9 @@
 Rows are right-aligned: every row's tokens end at the same column, so one decode step appends
 one column for all rows. A row's valid region is its last `lengths[r]` columns; the rest is
 zero padding masked out by the attention mask. Buffers are preallocated along time and written
-in place (transformers' DynamicCache concatenates, copying the whole cache every step); copies
-happen only when rows join or leave.
+in place (transformers' DynamicCache concatenates, copying the whole cache every step). A row that
+leaves frees its slot (length 0, every column masked); rows that join are placed in free slots
+(`place`, copying only their own K/V) or appended (`extend`); `keep` compacts.
 """
 
 from __future__ import annotations
@@ -111,6 +112,23 @@ class BatchKV:
         self.vbufs = [_stack(a, self.width, b, other.width, width, cap) for a, b in zip(self.vbufs, other.vbufs)]
         self.width = width
         self.lengths = self.lengths + other.lengths
+
+    def free(self, rows: list[int]) -> None:
+        """Rows whose slots hold nothing any more: their columns are masked out from now on."""
+        for r in rows:
+            self.lengths[r] = 0
+
+    def place(self, slots: list[int], other: "BatchKV") -> None:
+        """Put `other`'s rows in free `slots` (other.width <= width), right-aligned with the rest.
+        The columns left of them are zeroed: a former row's K/V there is masked out, but need not
+        be finite (a row that failed on non-finite logits)."""
+        offset = self.width - other.width
+        index = torch.tensor(slots, dtype=torch.long, device=self.kbufs[0].device)
+        for buf, new in zip((*self.kbufs, *self.vbufs), (*other.kbufs, *other.vbufs)):
+            buf[:, :, :offset].index_fill_(0, index, 0)
+            buf[:, :, offset:self.width].index_copy_(0, index, new[:, :, :other.width])
+        for slot, n in zip(slots, other.lengths):
+            self.lengths[slot] = n
 
     def keep(self, rows: list[int]) -> None:
         """Keep only `rows` (in that order) and drop columns that are padding for all of them."""

@@ -3,10 +3,16 @@
 Each loop iteration admits waiting sequences (short prompts prefilled together whatever their
 lengths, each distinct prompt once; a long prompt first takes what it can from the prefix cache,
 then prefills the rest), then runs one decode step for all rows, then retires the finished ones,
-whose K/V (prompt and reply) the prefix cache keeps for the next turn.
-New requests therefore join at the next step boundary instead of waiting for a batch to drain,
-and 32 concurrent rollouts cost about one batched generate. One request never holds more than
-half the rows, so a large `n` cannot shut everyone else out.
+whose K/V (prompt and reply) the prefix cache keeps for the next turn. New requests therefore
+join at the next step boundary instead of waiting for a batch to drain, and 32 concurrent rollouts
+cost about one batched generate. One request never holds more than half the rows, so a large `n`
+cannot shut everyone else out.
+
+A retired row leaves its slot in the batch free rather than copying the batch's K/V without it,
+and rows that join take free slots when their prompts fit (copying only their own K/V): agents
+finish turns one by one and send the next a tool call later. The batch is compacted (one copy)
+only when more slots are free than in use, or when joining rows do not fit; a free slot is decoded
+with the others meanwhile, which on weights-bound decode steps costs little.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ class TorchEngine:
         self.max_waiting = max_waiting
         self.rows_per_request = max(1, max_batch // 2)
         self._waiting: deque[DecodeSequence] = deque()
-        self._rows: list[DecodeSequence] = []
+        self._rows: list[DecodeSequence | None] = []  # the batch's slots (None: free); [] when none runs
         self._kv: BatchKV | None = None
         self._cv = threading.Condition()
         self._stopped = False
@@ -110,7 +116,7 @@ class TorchEngine:
 
     @property
     def load(self) -> dict[str, Any]:
-        return {"running": len(self._rows), "waiting": len(self._waiting), "prefix_cache": self.prefix.figures}
+        return {"running": len(self._live()), "waiting": len(self._waiting), "prefix_cache": self.prefix.figures}
 
     @property
     def alive(self) -> bool:
@@ -140,7 +146,7 @@ class TorchEngine:
                         self._decode_step()
             except Exception as exc:  # a failed forward fails its requests, not the server
                 log.exception("engine step failed")
-                for req in {id(s.request): s.request for s in self._rows + admitted}.values():
+                for req in {id(s.request): s.request for s in self._live() + admitted}.values():
                     req.emit("error", exc)
                 self._rows, self._kv = [], None
             if not self._rows and not self._waiting:
@@ -148,9 +154,9 @@ class TorchEngine:
 
     def _admit(self) -> list[DecodeSequence]:
         """Waiting sequences in arrival order, as rows allow, at most `rows_per_request` each."""
-        free = self.max_batch - len(self._rows)
+        free = self.max_batch - len(self._live())
         held: dict[int, int] = {}
-        for s in self._rows:
+        for s in self._live():
             held[s.request.id] = held.get(s.request.id, 0) + 1
         admitted, deferred = [], deque()
         while self._waiting and free > 0:
@@ -235,28 +241,50 @@ class TorchEngine:
         return BatchKV.empty(self._layers, rows, self._kv_heads, self._head_dim, prompt_length + 64,
                              self.host.dtype, self.host.device)
 
+    def _live(self) -> list[DecodeSequence]:
+        return [s for s in self._rows if s is not None]
+
     def _join(self, group: list[DecodeSequence], kv: BatchKV, logits: torch.Tensor) -> None:
-        """Prefilled rows join the running batch and sample their first tokens."""
+        """Prefilled rows join the running batch, in free slots when their prompts fit in its width,
+        and sample their first tokens."""
         if self._kv is None:
-            self._kv = kv
+            self._kv, self._rows = kv, list(group)
         else:
-            self._kv.extend(kv)
-        self._rows.extend(group)
+            free = [i for i, s in enumerate(self._rows) if s is None]
+            if len(free) >= len(group) and kv.width <= self._kv.width:
+                self._kv.place(free[:len(group)], kv)
+                for i, s in zip(free, group):
+                    self._rows[i] = s
+            else:
+                self._compact()
+                self._kv.extend(kv)
+                self._rows.extend(group)
         self._accept(group, logits)
+
+    def _compact(self) -> None:
+        """Drop the free slots: the one copy of the batch's K/V."""
+        live = [i for i, s in enumerate(self._rows) if s is not None]
+        if len(live) < len(self._rows):
+            self._kv.keep(live)
+            self._rows = [self._rows[i] for i in live]
 
     def _decode_step(self) -> None:
         kv = self._kv
         assert kv is not None
         kv.ensure_capacity(1)
-        ids = torch.tensor([[s.token_ids[-1]] for s in self._rows], device=self.host.device)
+        # A free slot decodes a padding token under a running row's adapter (no batch split by adapter).
+        filler = next(s for s in self._rows if s is not None)
+        rows = [s if s is not None else filler for s in self._rows]
+        ids = torch.tensor([[s.token_ids[-1] if s is not None else 0] for s in self._rows], device=self.host.device)
         positions = torch.tensor(kv.lengths, device=ids.device)[:, None]
         out = self.host.forward(
-            ids, [s.request.policy.adapter for s in self._rows],
+            ids, [s.request.policy.adapter for s in rows],
             past_key_values=kv.cache(), use_cache=True,
             attention_mask=kv.attention_mask(extra=1), position_ids=positions,
         )
         kv.advance(1)
-        self._accept(self._rows, out.logits[:, -1, :])
+        live = [i for i, s in enumerate(self._rows) if s is not None]
+        self._accept([self._rows[i] for i in live], out.logits[live, -1, :])
         self._retire()
 
     def _accept(self, seqs: list[DecodeSequence], logits: torch.Tensor) -> None:
@@ -292,36 +320,43 @@ class TorchEngine:
             s.request.emit("token", s)
 
     def _drop_cancelled(self) -> None:
-        for s in self._rows:
+        for s in self._live():
             if s.request.cancelled and s.finish_reason is None:
                 s.finish_reason = "cancelled"
         self._retire()
 
     def _retire(self) -> None:
-        keep = [i for i, s in enumerate(self._rows) if s.finish_reason is None]
-        if len(keep) == len(self._rows):
+        """Finished rows answer and free their slots; the batch is compacted once more slots are
+        free than in use."""
+        done = [i for i, s in enumerate(self._rows) if s is not None and s.finish_reason is not None]
+        if not done:
             return
-        for s in self._rows:
+        self._keep_finished(done)  # before the answers: the next turn may follow at once
+        for i in done:
+            s = self._rows[i]
             if s.finish_reason == "error":
                 s.request.emit("error", EngineError("the model produced non-finite logits for this request "
                                                     "(its adapter's weights are not finite)"))
-            elif s.finish_reason is not None:
+            else:
                 s.request.emit("finished", s)
-        self._keep_finished()
-        self._rows = [self._rows[i] for i in keep]
-        if not self._rows:
-            self._kv = None
-        elif self._kv is not None:
-            self._kv.keep(keep)
+        for i in done:
+            self._rows[i] = None
+        self._kv.free(done)
+        live = len(self._live())
+        if not live:
+            self._rows, self._kv = [], None
+        elif len(self._rows) - live > live:
+            self._compact()
 
-    def _keep_finished(self) -> None:
+    def _keep_finished(self, rows: list[int]) -> None:
         """A finished row's K/V (its prompt and all it sampled but the last token, which was never
         forwarded) goes to the prefix cache: an agent's next turn re-sends this turn with its reply
         spliced in as the same ids, and then prefills only what came after."""
         kv = self._kv
         if kv is None or self.prefix.max_bytes <= 0:
             return
-        for r, s in enumerate(self._rows):
+        for r in rows:
+            s = self._rows[r]
             if s.finish_reason not in ("stop", "length"):
                 continue
             length = kv.lengths[r]

@@ -31,10 +31,6 @@ class Caller:
         """What a run this caller creates is recorded as owned by."""
         return self.tenant
 
-    def may_see(self, owner: str | None) -> bool:
-        # A run with no recorded owner (the admin's, or one from before tenant keys) is the admin's.
-        return self.admin or owner == self.tenant
-
 
 class NameTaken(Exception):
     """The name is another key's run."""
@@ -52,6 +48,11 @@ class Owners:
 
     def owner(self, name: str) -> str | None:
         return self._owners.get(name)
+
+    def visible(self, who: Caller, name: str) -> bool:
+        """Whether `who` may see run `name`: another tenant's run is, to it, a run that does not exist.
+        A run with no recorded owner (the admin's, or one from before tenant keys) is the admin's."""
+        return who.tenant is None or self._owners.get(name) == who.tenant
 
     def claim(self, name: str, owner: str | None, admin: bool, limit: int, project: str,
               spec: dict[str, Any]) -> bool:

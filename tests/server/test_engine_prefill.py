@@ -118,3 +118,65 @@ def test_a_finished_turn_s_kv_serves_the_next_turn_which_prefills_only_its_new_t
             assert (torch.tensor(reply.logprobs) - want).abs().max().item() <= 1e-4
     finally:
         engine.stop()
+
+
+def _step(engine: TorchEngine) -> None:
+    """One iteration of the engine's loop, in this thread."""
+    with torch.inference_mode():
+        engine._prefill(engine._admit())
+        engine._drop_cancelled()
+        if engine._rows:
+            engine._decode_step()
+
+
+def test_rows_leave_and_join_through_free_slots_without_copying_the_batch(host, monkeypatch):
+    from server.engine.kv_cache import BatchKV
+
+    copies = []
+    for name in ("keep", "extend"):
+        original = getattr(BatchKV, name)
+        monkeypatch.setattr(BatchKV, name, lambda self, *a, _f=original, _n=name: (copies.append(_n), _f(self, *a))[1])
+    tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 4).input_ids
+    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0)
+
+    def request(prompt, max_tokens, seed):
+        req = GenRequest(prompt_ids=prompt, params=SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed,
+                                                                  ignore_eos=True),
+                         policy=Policy("base", None, None, 0), n=1, emit=lambda *a: None)
+        engine.submit(req)
+        return req
+
+    long_a, short_b, long_c = request(tokens[:30], 14, 1), request(tokens[:20], 3, 2), request(tokens[:25], 12, 3)
+    _step(engine)
+    slot = next(i for i, s in enumerate(engine._rows) if s is short_b.sequences[0])
+    for _ in range(2):  # b finishes after its third token: its slot is free, nothing copied
+        _step(engine)
+    assert short_b.sequences[0].finish_reason == "length" and engine._rows[slot] is None and copies == []
+    joined = request(tokens[:12], 5, 4)  # shorter than the batch's width: it takes b's slot
+    _step(engine)
+    assert engine._rows[slot] is joined.sequences[0] and copies == []
+    while engine._rows:
+        _step(engine)
+    assert copies == ["keep"]  # one compaction, when more slots were free than in use
+    for req in (long_a, short_b, long_c, joined):
+        seq = req.sequences[0]
+        assert seq.finish_reason == "length" and len(seq.token_ids) == req.params.max_tokens
+        want = _reference(host, req.prompt_ids, seq.token_ids, 1.0)
+        assert (torch.tensor(seq.logprobs) - want).abs().max().item() <= 1e-4
+
+
+@pytest.mark.unit
+def test_a_placed_row_is_right_aligned_and_a_former_row_s_columns_are_zeroed():
+    from server.engine.kv_cache import BatchKV
+
+    kv = BatchKV.empty(n_layers=1, rows=2, heads=1, head_dim=1, capacity=8, dtype=torch.float32, device="cpu")
+    kv.kbufs[0][:, :, :6] = float("nan")  # a former row that failed on non-finite values
+    kv.width, kv.lengths = 6, [6, 4]
+    kv.free([1])
+    assert kv.attention_mask(extra=1)[1].tolist() == [0] * 6 + [1]  # a free slot attends to nothing before
+    new = BatchKV.empty(n_layers=1, rows=1, heads=1, head_dim=1, capacity=4, dtype=torch.float32, device="cpu")
+    new.kbufs[0][0, 0, :3, 0] = torch.tensor([1.0, 2.0, 3.0])
+    new.width, new.lengths = 3, [3]
+    kv.place([1], new)
+    assert kv.kbufs[0][1, 0, :6, 0].tolist() == [0, 0, 0, 1, 2, 3] and kv.lengths == [6, 3]
+    assert torch.isnan(kv.kbufs[0][0, 0, :6]).all()  # the other row untouched

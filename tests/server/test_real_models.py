@@ -224,7 +224,8 @@ def test_the_teacher_route_scores_given_tokens_as_a_full_forward_pass(served):
 
 
 def test_a_turn_after_a_long_prompt_reuses_its_prefix_and_samples_as_a_full_prefill_would(served):
-    """The next turn of a conversation prefills only its new tokens (the engine's prefix cache)."""
+    """The next turn of a conversation prefills only its new tokens: the first turn's prompt and
+    reply come from the engine's prefix cache."""
     client = served.client
     messages = [{"role": "user", "content": LONG + " Which item is the cheapest?"}]
     first = client.chat.completions.create(model=served.name, messages=messages, max_tokens=6, seed=1)
@@ -235,7 +236,9 @@ def test_a_turn_after_a_long_prompt_reuses_its_prefix_and_samples_as_a_full_pref
     after = httpx.get(served.server.url + "/health").json()["prefix_cache"]
     prompt = extra(second, "prompt_token_ids")
     assert after["hits"] == before["hits"] + 1
-    assert after["tokens_reused"] - before["tokens_reused"] >= len(extra(first, "prompt_token_ids")) > 600
+    reply = extra(first.choices[0], "token_ids")  # all but its last token were forwarded, and kept
+    assert len(extra(first, "prompt_token_ids")) > 600
+    assert after["tokens_reused"] - before["tokens_reused"] >= len(extra(first, "prompt_token_ids")) + len(reply) - 1
     ids = extra(second.choices[0], "token_ids")
     want = _reference(served.model, prompt, ids, 1.0)
     got = torch.tensor([e.logprob for e in second.choices[0].logprobs.content])
