@@ -1,6 +1,5 @@
 """The parts of one art-server, as every request sees them (server/app.py's build_state makes
-them), and the one rule on what a caller may see: another tenant's run is, to it, a run that does
-not exist."""
+them), and whether a caller may see a run (its owners say: server/runs/ownership.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Who a request is (Caller), who created each run, and how many runs each key has: the record keys
-per tenant are enforced against (server/state.py's may_see_run, for every route and the sampling core). Kept in memory, mirrored in the store's `runs` table, so a request's
-check never waits on a database write.
+per tenant are enforced against (`Owners.visible`, asked by every route and the sampling core).
+Kept in memory, mirrored in the store's `runs` table, so a request's check never waits on a
+database write.
 
 A run's owner is a tenant's name, or None: the admin's (runs made with an admin key, runs from
 before tenant keys, runs whose store row was lost). Only an admin key sees a run owned by None.
