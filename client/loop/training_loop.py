@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import time
@@ -127,6 +128,8 @@ class TrainingLoop:
         self.group_times: dict[int, tuple[float, float]] = {}
         self.submitted: float | None = None  # when the step now training was sent
         self.train_seconds: float | None = None  # how long the last step took at the server
+        # A step the server answered whose record is not in the summary yet (Ctrl-C may come between).
+        self.unrecorded: tuple[list[TrajectoryGroup], TrainResult] | None = None
         self.patience = Patience(cfg.patience)
 
     async def run(self) -> dict[str, Any]:
@@ -153,6 +156,12 @@ class TrainingLoop:
                     begun = time.monotonic()  # the next attempt's time starts here (after any evaluation)
         except NothingToRegress as exc:  # A*-PO found no prompt the base model ever solves: said, and kept
             self.stop(cause=exc.cause, message=str(exc), **(self.values.figures() if self.values is not None else {}))
+            raise
+        except asyncio.CancelledError:  # Ctrl-C: the summary has every step the server trained
+            if self.unrecorded is not None:
+                summary.history.append({**attempt_record(*self.unrecorded), "interrupted": True,
+                                        "wall_seconds": time.time() - summary.started})
+                summary.write()
             raise
         return await self.finish()
 
@@ -264,6 +273,7 @@ class TrainingLoop:
         result = await self.model.train(groups, self.train_cfg, idempotency_key=key)
         self.train_seconds = time.monotonic() - self.submitted
         self.where.update(step=self.model.step, in_flight=False)
+        self.unrecorded = (groups, result)
         # Checked before the pipeline hears of the new step, so that (synchronously) the next
         # step's groups are drawn at the level this check decides.
         if self.cfg.curriculum and result.trained and self.cfg.curriculum.due(result.step):
@@ -323,6 +333,7 @@ class TrainingLoop:
         attempt["wall_seconds"] = time.time() - self.summary.started
         attempt["timing"] = timing.figures()
         self.summary.history.append(attempt)
+        self.unrecorded = None
         self.patience.record(attempt)
         return attempt
 

@@ -93,6 +93,38 @@ def test_ctrl_c_says_how_to_go_on_and_exits_130(fresh_server, tmp_path):
     assert last.startswith(f"interrupted at step {step}; the same command resumes from step {step}"), stderr
 
 
+async def test_a_step_the_server_trained_as_ctrl_c_came_is_in_the_summary(server, tmp_path, monkeypatch):
+    """Ctrl-C between a step's answer and its record (the step line, an evaluation): the summary still
+    has the step, as the interruption line does, so that the two agree."""
+    import asyncio
+
+    from client.loop import training_loop
+    from client.loop.config import LoopConfig
+    from client.loop.examples import load_example
+
+    record, reached = training_loop.TrainingLoop.record, asyncio.Event()
+
+    async def first_trained_never_recorded(self, outcome, begun):
+        if outcome.result is not None and outcome.result.trained:
+            reached.set()
+            await asyncio.Event().wait()
+        return await record(self, outcome, begun)
+
+    monkeypatch.setattr(training_loop.TrainingLoop, "record", first_trained_never_recorded)
+    cfg = LoopConfig(server=server.url, run="cut-short", example="demo", steps=5, groups_per_step=4, group_size=8,
+                     eval_tasks=8, out=tmp_path, progress=False, patience=50, seed=1)
+    loop = asyncio.create_task(training_loop.train_loop(cfg, load_example("demo")))
+    await asyncio.wait([loop, asyncio.create_task(reached.wait())], return_when=asyncio.FIRST_COMPLETED)
+    assert not loop.done(), loop
+    while not loop.done():  # as Ctrl-C does (client/loop/interrupt.py): again until the loop has unwound
+        loop.cancel()
+        await asyncio.wait([loop], timeout=1.0)
+    assert loop.cancelled()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == training_loop.RUNS_AT["cut-short"]["step"] >= 1
+    assert summary["history"][-1]["interrupted"] and summary["history"][-1]["trained"]
+
+
 async def test_only_a_failure_to_reach_a_server_that_is_down_waits(server):
     """A connection error while the server answers its health check is the rollout's own (a tool
     backend refused it): counted, not waited for. One while the server is down waits, for no
