@@ -10,9 +10,9 @@ cannot shut everyone else out.
 
 A retired row leaves its slot in the batch free rather than copying the batch's K/V without it,
 and rows that join take free slots when their prompts fit (copying only their own K/V): agents
-finish turns one by one and send the next a tool call later. The batch is compacted (one copy)
-only when more slots are free than in use, or when joining rows do not fit; a free slot is decoded
-with the others meanwhile, which on weights-bound decode steps costs little.
+finish turns one by one and send the next a tool call later. Joining rows that do not fit are
+appended (one copy), and the batch is compacted only when more slots are free than in use; a free
+slot is decoded with the others meanwhile, which on weights-bound decode steps costs little.
 """
 
 from __future__ import annotations
@@ -255,8 +255,7 @@ class TorchEngine:
                 self._kv.place(free[:len(group)], kv)
                 for i, s in zip(free, group):
                     self._rows[i] = s
-            else:
-                self._compact()
+            else:  # appended (the one copy); free slots stay free until retiring compacts them
                 self._kv.extend(kv)
                 self._rows.extend(group)
         self._accept(group, logits)
