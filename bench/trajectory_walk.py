@@ -4,7 +4,10 @@ Starts art-server on the embedded model in this process (uvicorn in a thread), r
 then traces on every thread one group of demo rollouts through the client library, its training
 job (on the server's trainer thread) and one request to `run@step`: how often control enters each
 run-related module from outside that set, how many functions return inside it, and how many
-distinct functions of this repository run. `python bench/trajectory_walk.py`; one JSON line.
+distinct functions of this repository run; and the same walk as a reader follows it, each function
+read once (`read`: its doors into the run's modules, its moves between modules and the returns
+among them, as one counts by reading the code). `python bench/trajectory_walk.py`;
+one JSON line.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ NO_CALLER = "(a thread's start or a library)"  # e.g. asyncio.to_thread: the sta
 HOW = ("sys/threading.setprofile on all threads from the first rollout() to run@step's reply, frames of this "
        "repository only (not .venv, not this script): an entry is a run-related function starting whose nearest "
        "calling frame of ours is outside the set (or absent: a thread hop or library), run_returns counts "
-       "run-related functions leaving (return or raise, not yield), functions the distinct functions of ours run")
+       "run-related functions leaving (return or raise, not yield), functions the distinct functions of ours run; "
+       "read: the same trace as a reader follows it (read_walk): each function once, doors the run-related "
+       "functions first started from outside the set, moves and returns between modules on each thread's path")
 
 
 class Event(NamedTuple):
@@ -49,6 +54,7 @@ class Event(NamedTuple):
     module: str
     function: str  # module:qualname
     caller: str | None = None  # a call's nearest module of ours up the stack
+    thread: int = 0  # the thread it ran on
 
 
 def run_related(module: str | None, related: Iterable[str] = RUN_RELATED) -> bool:
@@ -72,6 +78,37 @@ def count_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED) ->
     return {"entries": dict(entries.most_common()), "max_entries": max(entries.values(), default=0),
             "run_returns": returns, "functions": len(functions),
             "entered_from": {m: dict(sources[m].most_common()) for m, _ in entries.most_common()}}
+
+
+def read_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED) -> dict:
+    """The walk as a reader follows it, the way the issue counted by reading the code: each function
+    of ours read once, at the first time the run starts it. Its doors: the run-related functions
+    first started from outside the set (the places outside that must know how a run works; a
+    request that comes again through the same door is not another). Its moves, on each thread's
+    path: the next function read being in another module; a return is a move into a module that
+    path has already left."""
+    related, seen, paths = tuple(related), set(), defaultdict(list)
+    doors: Counter[str] = Counter()
+    for e in events:
+        if e.kind == "call" and e.function not in seen:
+            seen.add(e.function)
+            paths[e.thread].append(e.module)
+            if run_related(e.module, related) and not run_related(e.caller, related):
+                doors[e.module] += 1
+    moves = returns = run_returns = 0
+    for path in paths.values():
+        left: set[str] = set()
+        for here, there in zip(path, path[1:]):
+            if here == there:
+                continue
+            moves += 1
+            left.add(here)
+            if there in left:
+                returns += 1
+                run_returns += run_related(there, related)
+    return {"doors": dict(doors.most_common()), "max_doors": max(doors.values(), default=0),
+            "moves": moves, "returns": returns, "run_returns": run_returns,
+            "modules": len({m for path in paths.values() for m in path})}
 
 
 @functools.cache
@@ -124,9 +161,9 @@ class Tracer:
             return
         function = f"{module}:{frame.f_code.co_qualname}"
         if event == "call" and starts(frame):
-            self.events.append(Event("call", module, function, self.caller(frame.f_back)))
+            self.events.append(Event("call", module, function, self.caller(frame.f_back), threading.get_ident()))
         elif event == "return" and leaves(frame):
-            self.events.append(Event("return", module, function))
+            self.events.append(Event("return", module, function, thread=threading.get_ident()))
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["Tracer"]:
@@ -209,7 +246,7 @@ def main() -> None:
         with serving(app) as url:
             walked = asyncio.run(walk(url, tracer))
     counts = count_walk(tracer.events)
-    print(json.dumps({"bench": "trajectory_walk", **counts, **walked,
+    print(json.dumps({"bench": "trajectory_walk", **counts, "read": read_walk(tracer.events), **walked,
                       "seconds": round(time.perf_counter() - started, 1), "how": HOW}))
 
 

@@ -28,7 +28,7 @@ from server.engine.base import DecodeSequence
 from server.engine.sampling import SamplingParams
 from server.request_errors import APIError
 from server.sampling.choices import sampling_info
-from server.sampling.engine_requests import check_params, resolve_policy, room, submit, wait_finished
+from server.sampling.engine_requests import acquire_policy, check_params, room, submit, wait_finished
 from server.state import ServerState
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
@@ -67,13 +67,13 @@ def _choice(seq: DecodeSequence, sampling: dict[str, Any]) -> dict[str, Any]:
 
 @router.post("/inference/v1/generate", responses=documented(404, 409))
 async def generate(body: GenerateRequest, request: Request, state: State) -> dict[str, Any]:
-    policy = await resolve_policy(state, body.model, require_api_key(request))
-    params = _sampling_params(state, body)
-    gen, events = submit(state, policy, body.token_ids, params)
+    policy = await acquire_policy(state, body.model, require_api_key(request))
     try:
+        params = _sampling_params(state, body)
+        gen, events = submit(state, policy, body.token_ids, params)
         await wait_finished(gen, events, request.is_disconnected)
     finally:
-        state.served.release(policy)
+        state.runs.release(policy)
     sampling = sampling_info(state.host, policy, params, body.token_ids, None)
     completion_tokens = sum(len(s.token_ids) for s in gen.sequences)
     return {"request_id": "gen-" + uuid.uuid4().hex, "model": body.model,

@@ -14,7 +14,7 @@ from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.model import scoring
 from server.request_errors import APIError
-from server.sampling.engine_requests import resolve_policy
+from server.sampling.engine_requests import acquire_policy
 from server.sampling.served_names import Policy
 from server.state import ServerState
 
@@ -39,13 +39,12 @@ async def logprobs(body: LogprobsRequest, request: Request, state: State) -> Log
             raise APIError(400, f"sequences[{i}] is {len(s.token_ids)} tokens, more than this model's context "
                                 f"window of {window}", param=f"sequences[{i}].token_ids",
                            code="context_length_exceeded")
-    policy = await resolve_policy(state, body.model, require_api_key(request))
-    state.served.acquire(policy)  # its adapter stays loaded while it scores
+    policy = await acquire_policy(state, body.model, require_api_key(request))  # loaded while it scores
     try:
         scorable(state, policy)
         scored = await asyncio.to_thread(scoring.score, state.host, policy.adapter,
                                          [(s.token_ids, s.start) for s in body.sequences], body.top_k)
     finally:
-        state.served.release(policy)
+        state.runs.release(policy)
     return LogprobsResponse(model=body.model, data=[SequenceLogprobs(logprobs=s.logprobs, top=s.top, rest=s.rest)
                                                     for s in scored])

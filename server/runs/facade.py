@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from protocol.config import RunSpec
+from protocol.names import run_of
 from server.engine.base import Engine
 from server.model.host import ModelHost
 from server.runs import pins
 from server.runs.leases import Leases
+from server.runs.ownership import Caller, Owners
 from server.runs.registry import RunRegistry
 from server.runs.run import Run
 from server.runs.saved_steps import SavedSteps
@@ -21,6 +22,14 @@ from server.sampling.served_names import Policy, ServedModels
 
 if TYPE_CHECKING:
     from server.store import Store
+
+
+class NotServed(LookupError):
+    """No model of that name, as the caller sees them (another tenant's run is one that does not exist)."""
+
+
+class OtherBaseModel(LookupError):
+    """A run of another base model, kept on disk but not loadable here; the message says which."""
 
 
 class Runs:
@@ -35,7 +44,7 @@ class Runs:
     on from the latest.
     """
 
-    def __init__(self, host: ModelHost, engine: Engine, served: ServedModels, data_dir: Path,
+    def __init__(self, host: ModelHost, engine: Engine, served: ServedModels, data_dir: Path, owners: Owners,
                  adapter_memory: int | None = None, memory_reserve: int = 0, store: Store | None = None):
         lock = threading.RLock()  # one for the runs table and every run's served names
         table: dict[str, Run] = {}
@@ -44,6 +53,7 @@ class Runs:
         self.registry = RunRegistry(host, engine, data_dir, table, lock, self.serving, self.saved,
                                     adapter_memory, memory_reserve, store)
         self.leases = Leases()  # which client trains each run (server/runs/leases.py)
+        self.owners = owners  # who created each run: a tenant sees only its own
 
     # ---- which runs there are ------------------------------------------------------------------
     def get(self, name: str) -> Run | None:
@@ -76,21 +86,23 @@ class Runs:
         return self.registry.problem_lines()
 
     # ---- what a model name serves --------------------------------------------------------------
-    def resolve(self, model: str) -> Policy | None:
-        return self.serving.resolve(model)
-
-    @contextmanager
-    def leased(self, model: str) -> Iterator[Policy | None]:
-        """The policy `model` names (None: none), its adapter kept loaded until the block ends."""
-        policy = self.resolve(model)
+    def acquire(self, model: str, who: Caller | None = None) -> Policy:
+        """The policy `model` names (a run: its latest step; `run@N`; the base model), held loaded
+        until `release`: the one door a request takes to the runs. `who` sees only its own runs
+        (None: the server itself). NotServed, or OtherBaseModel for a run this model cannot load."""
+        if model in self.serving.served.base_aliases:
+            run = None
+        else:
+            run = model if self.get(model) is not None else run_of(model)
+        visible = run is None or who is None or self.owners.visible(who, run)
+        policy = self.serving.acquire(model) if visible else None
         if policy is None:
-            yield None
-            return
-        self.serving.served.acquire(policy)
-        try:
-            yield policy
-        finally:
-            self.serving.served.release(policy)
+            why = self.other_model(run) if visible and run is not None else None
+            raise OtherBaseModel(why) if why is not None else NotServed(model)
+        return policy
+
+    def release(self, policy: Policy) -> None:
+        self.serving.served.release(policy)
 
     def retain(self, run: Run, steps: set[int]) -> list[int]:
         return self.serving.retain(run, steps)

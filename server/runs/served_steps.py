@@ -64,6 +64,15 @@ class ServedSteps:
             checkpoints.check(run.checkpoint_dir, step)  # a clear error naming the step, never a half-read adapter
             return self._serve_step(run, step, checkpoints.read_adapter(run.checkpoint_dir, step), latest=False)
 
+    def acquire(self, model: str) -> Policy | None:
+        """`resolve`, and the policy held until `served.release`: under the runs' lock, so that no
+        unload comes between finding an adapter and holding it."""
+        with self.lock:
+            policy = self.resolve(model)
+            if policy is not None:
+                self.served.acquire(policy)
+            return policy
+
     def withdraw(self, run: Run) -> None:
         """No request finds the run under any of its names any more (its adapters stay loaded)."""
         self.served.withdraw(run.name)

@@ -29,7 +29,7 @@ from server.request_errors import APIError, session_error
 from server.runs.ownership import Caller
 from server.sampling.chat_request import ChatCompletionRequest
 from server.sampling.choices import build_choice, sampling_info
-from server.sampling.engine_requests import Disconnected, check_params, resolve_policy, room, submit, wait_finished
+from server.sampling.engine_requests import Disconnected, acquire_policy, check_params, room, submit, wait_finished
 from server.sampling.streaming import Completion, chunk_stream
 from server.state import ServerState
 
@@ -79,23 +79,26 @@ def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len
 
 async def start(state: ServerState, body: ChatCompletionRequest, who: Caller,
                 record: Recorder | None = None) -> Completion:
-    """The request rendered, checked and handed to the engine, holding a lease on its policy
-    until `release` is called (by `finish` or at the end of a stream); `who` may sample only from
-    the base model and its own runs."""
-    policy = await resolve_policy(state, body.model, who)
-    prompt = _prompt(state, body)
-    params = _sampling_params(state, body, len(prompt.ids))
-    if record is not None:  # only now: a request refused above leaves no trace in the session
-        _begin(record, body)
+    """The request rendered, checked and handed to the engine, holding its policy until `release`
+    is called (by `finish` or at the end of a stream); `who` may sample only from the base model
+    and its own runs."""
+    policy = await acquire_policy(state, body.model, who)
+    begun = False
     try:
+        prompt = _prompt(state, body)
+        params = _sampling_params(state, body, len(prompt.ids))
+        if record is not None:  # only now: a request refused above leaves no trace in the session
+            _begin(record, body)
+            begun = True
         gen, events = submit(state, policy, prompt.ids, params, n=body.n, stream=body.stream)
     except BaseException:
-        if record is not None:
+        state.runs.release(policy)
+        if begun:
             record.end()
         raise
 
     def release() -> None:
-        state.served.release(policy)
+        state.runs.release(policy)
         if record is not None:
             record.end()
 

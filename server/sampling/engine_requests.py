@@ -1,8 +1,9 @@
-"""A prompt's token ids handed to the engine under a lease on its policy, shared by every route
-that samples (chat completions, the token-in generate route).
+"""A prompt's token ids handed to the engine with the policy its model name holds, shared by every
+route that samples (chat completions, the token-in generate route, logprobs).
 
-The lease keeps the policy's adapter servable until the request is done; whoever submits
-releases it (a streamed answer releases it when its stream ends).
+A request acquires its policy from the runs (server/runs/facade.py), its one door to them, and holds
+it until it is done, so the adapter it started on is never unloaded under it: whoever acquires
+releases (a streamed answer when its stream ends).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from protocol.names import run_of
 from server.engine.base import EngineFull, GenRequest, ReplicaLost, Unsupported
 from server.engine.sampling import SamplingParams
 from server.request_errors import APIError, other_model
+from server.runs.facade import NotServed, OtherBaseModel
 from server.runs.ownership import Caller
 from server.sampling.served_names import Policy
 from server.state import ServerState, may_see_run
@@ -27,28 +29,20 @@ def served_names(state: ServerState, who: Caller) -> list[str]:
     return [n for n in state.served.names() if n == state.host.name or may_see_run(state, who, run_of(n))]
 
 
-def _run_named(state: ServerState, model: str) -> str | None:
-    """The run a `model` names (`run` or `run@step`), None for the base model."""
-    if model in state.served.base_aliases:
-        return None
-    if state.runs.get(model) is not None:
-        return model
-    return run_of(model)
-
-
-async def resolve_policy(state: ServerState, model: str, who: Caller) -> Policy:
-    """`model` as a run name (its latest step), `name@step` or the base model; a 404 otherwise,
-    and for another tenant's run (checked before an older step is loaded for it); a 409 for a run of
-    another base model."""
-    run = _run_named(state, model)
-    visible = run is None or may_see_run(state, who, run)
-    policy = await asyncio.to_thread(state.runs.resolve, model) if visible else None
-    if policy is None and visible and run is not None and (why := state.runs.other_model(run)) is not None:
-        raise other_model(why)  # `run` or `run@step` of a run this model cannot load
-    if policy is None:
+async def acquire_policy(state: ServerState, model: str, who: Caller) -> Policy:
+    """The policy `model` names, held loaded until `state.runs.release(policy)`: a 404 for a name
+    `who` cannot see (another tenant's run too), a 409 for a run of another base model."""
+    held = asyncio.ensure_future(asyncio.to_thread(state.runs.acquire, model, who))  # an older step loads from disk
+    try:
+        return await asyncio.shield(held)
+    except asyncio.CancelledError:  # the thread still holds the policy: it is let go once it has it
+        held.add_done_callback(lambda f: f.cancelled() or f.exception() or state.runs.release(f.result()))
+        raise
+    except OtherBaseModel as e:
+        raise other_model(str(e))
+    except NotServed:
         raise APIError(404, f"model {model!r} does not exist; served: {', '.join(served_names(state, who))}",
                        param="model", code="model_not_found")
-    return policy
 
 
 def room(state: ServerState, prompt_len: int, param: str) -> int:
@@ -72,17 +66,15 @@ def check_params(state: ServerState, params: SamplingParams) -> None:
 
 def submit(state: ServerState, policy: Policy, prompt_ids: list[int], params: SamplingParams, n: int = 1,
            stream: bool = False) -> tuple[GenRequest, asyncio.Queue]:
-    """Queue the prompt on the engine holding a lease on `policy` (the caller releases it), with
-    the queue the engine's events arrive on; a 503 when the engine is full."""
+    """Queue the prompt on the engine, decoding with `policy` (which the caller holds until it is
+    done), with the queue the engine's events arrive on; a 503 when the engine is full."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     gen = GenRequest(prompt_ids=prompt_ids, params=params, policy=policy, n=n, stream=stream,
                      emit=lambda kind, payload: loop.call_soon_threadsafe(events.put_nowait, (kind, payload)))
-    state.served.acquire(policy)
     try:
         state.engine.submit(gen)
     except EngineFull as e:
-        state.served.release(policy)
         raise APIError(503, f"server is at capacity ({e}); retry shortly", code="overloaded", headers={"Retry-After": "1"})
     return gen, events
 

@@ -49,12 +49,17 @@ class Attempt:
     job_id: str
     idempotency_key: str
     request: RLJob | SFTJob
-    step: int  # the step it becomes if it trains: Run.next_step (past every number ever written)
+    step: int  # the step it becomes if it trains
     stored: bool = False  # its pending rows are in the store (the checkpoint decides them)
 
     @property
     def kind(self) -> str:
         return self.request.kind
+
+
+def next_attempt(run: Run, job_id: str, idempotency_key: str, request: RLJob | SFTJob) -> Attempt:
+    """A job's try at the run's next step, numbered past every step ever written (damaged ones too)."""
+    return Attempt(job_id, idempotency_key, request, run.next_step)
 
 
 def commit_step(to: CommitTargets, run: Run, attempt: Attempt, computed: ComputedStep) -> TrainResult:

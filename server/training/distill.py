@@ -8,10 +8,9 @@ from __future__ import annotations
 from typing import Callable
 
 from protocol.config import Distill
-from protocol.names import split_policy
 from server.model import scoring
 from server.model.host import ModelHost
-from server.runs.facade import Runs
+from server.runs.facade import NotServed, OtherBaseModel, Runs
 from server.training.advantages import reverse_kl_advantages
 from server.training.assemble import TrainSequence
 
@@ -30,30 +29,42 @@ class TeacherUnavailable(ValueError):
         self.missing = missing
 
 
+def _unavailable(name: str, e: NotServed | OtherBaseModel) -> TeacherUnavailable:
+    if isinstance(e, OtherBaseModel):
+        return TeacherUnavailable(f"teacher {name!r} cannot score this run's tokens: {e}, with another "
+                                  f"tokenizer; a teacher must be this server's base model or a run of it")
+    return TeacherUnavailable(f"teacher {name!r} is not a model this server serves (the base model, a run, "
+                              f"or run@step)", missing=True)
+
+
 def teacher_problem(runs: Runs, host: ModelHost, name: str) -> TeacherUnavailable | None:
     """Why `name` cannot teach a run of this server's base model; None when it can."""
-    with runs.leased(name) as policy:
-        if policy is None:
-            other = runs.other_model(split_policy(name)[0])
-            if other is not None:
-                return TeacherUnavailable(f"teacher {name!r} cannot score this run's tokens: {other}, with another "
-                                          f"tokenizer; a teacher must be this server's base model or a run of it")
-            return TeacherUnavailable(f"teacher {name!r} is not a model this server serves (the base model, a run, "
-                                      f"or run@step)", missing=True)
-        if not scoring.adapter_here(host, policy.adapter):
-            return TeacherUnavailable(f"teacher {scoring.elsewhere(name)}")
-    return None
+    try:
+        policy = runs.acquire(name)
+    except (NotServed, OtherBaseModel) as e:
+        return _unavailable(name, e)
+    try:
+        return None if scoring.adapter_here(host, policy.adapter) else TeacherUnavailable(
+            f"teacher {scoring.elsewhere(name)}")
+    finally:
+        runs.release(policy)
 
 
 def teacher_of(runs: Runs) -> Teacher:
-    """The teacher as the job worker calls it: resolved by name at each step, its adapter leased
+    """The teacher as the job worker calls it: resolved by name at each step, its adapter held
     while it scores."""
     def logprobs(host: ModelHost, name: str, spans: list[Span]) -> list[list[float]]:
-        with runs.leased(name) as policy:
-            if policy is None or not scoring.adapter_here(host, policy.adapter):
-                raise teacher_problem(runs, host, name) or TeacherUnavailable(f"teacher {name!r} is unavailable")
+        try:
+            policy = runs.acquire(name)
+        except (NotServed, OtherBaseModel) as e:
+            raise _unavailable(name, e)
+        try:
+            if not scoring.adapter_here(host, policy.adapter):
+                raise TeacherUnavailable(f"teacher {scoring.elsewhere(name)}")
             return [s.logprobs for s in scoring.score(host, policy.adapter, [(ids, first) for ids, first, _ in spans],
                                                       temperatures=[temps for _, _, temps in spans])]
+        finally:
+            runs.release(policy)
     return logprobs
 
 

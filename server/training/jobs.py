@@ -32,7 +32,7 @@ from server.runs.run import Run
 from server.store import Store, storage_failure
 from server.training import distill, steps
 from server.training.assemble import Cancelled, Interrupted
-from server.training.commit import Attempt, CommitTargets, commit_step, roll_back
+from server.training.commit import Attempt, CommitTargets, commit_step, next_attempt, roll_back
 from server.training.digests import body_hash
 from server.training.optimize import optimize
 
@@ -344,7 +344,7 @@ class JobManager:
         queued = max(0.0, time.time() - job.created)  # this attempt's: a resubmitted job is created anew
         deadline = time.monotonic() + self.time_limit
         stop = lambda: any(j.cancel.is_set() for j in jobs) or time.monotonic() > deadline  # noqa: E731
-        attempts = [Attempt(j.id, j.key, j.request, run.next_step) for j, run in zip(jobs, runs)]
+        attempts = [next_attempt(run, j.id, j.key, j.request) for j, run in zip(jobs, runs)]
         at, computed, results = 0, [], []  # the job being worked on; its unit's computed steps, and commits
         try:
             crash_point("step_start")

@@ -19,8 +19,8 @@ spec.loader.exec_module(bench)
 Event = bench.Event
 
 
-def call(function: str, caller: str | None) -> Event:
-    return Event("call", function.partition(":")[0], function, caller)
+def call(function: str, caller: str | None, thread: int = 0) -> Event:
+    return Event("call", function.partition(":")[0], function, caller, thread)
 
 
 def ret(function: str) -> Event:
@@ -59,6 +59,30 @@ def test_an_entry_is_a_call_into_the_set_from_outside_it_and_returns_count_insid
     assert counts["max_entries"] == 3
     assert counts["run_returns"] == 7
     assert counts["functions"] == 9
+
+
+def test_a_reader_reads_each_function_once_and_counts_doors_moves_and_returns_per_thread():
+    # Thread 1: the client leaves its module for a helper and comes back (a return), then a request
+    # takes its one door to the runs from a thread hop, twice: the second time is the same door.
+    # Thread 2: the job worker numbers an attempt and commits it, two doors into commit; commit's own
+    # call into the run is inside the set, and the path's way back into commit is a run-related return.
+    events = [
+        call("client.a:f", None, 1),
+        call("protocol.x:g", "client.a", 1),
+        call("client.a:h", "client.a", 1),
+        call("server.runs.facade:Runs.acquire", None, 1),
+        ret("server.runs.facade:Runs.acquire"),
+        call("server.runs.facade:Runs.acquire", None, 1),
+        call("server.training.jobs:run", None, 2),
+        call("server.training.commit:next_attempt", "server.training.jobs", 2),
+        call("server.runs.run:Run.next_step", "server.training.commit", 2),
+        call("server.training.commit:commit_step", "server.training.jobs", 2),
+        call("client.a:f", None, 2),  # read already, on thread 1
+    ]
+    read = bench.read_walk(events)
+    assert read["doors"] == {"server.training.commit": 2, "server.runs.facade": 1}
+    assert read["max_doors"] == 2
+    assert (read["moves"], read["returns"], read["run_returns"], read["modules"]) == (6, 2, 1, 6)
 
 
 def test_real_calls_into_served_names_count_from_the_nearest_caller_of_ours_or_from_a_thread():
