@@ -68,8 +68,7 @@ def build_state(settings: Settings) -> ServerState:
     data_dir = Path(settings.data_dir)
     store = Store(data_dir / "artisan.sqlite")
     mib = 2**20
-    owners = Owners(store)
-    runs = Runs(host, engine, served, data_dir, owners,
+    runs = Runs(host, engine, served, data_dir, Owners(store),
                 adapter_memory=settings.adapter_memory_mb * mib if settings.adapter_memory_mb else None,
                 memory_reserve=settings.memory_reserve_mb * mib, store=store)
     jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, time_limit=settings.job_time_limit,
@@ -77,7 +76,7 @@ def build_state(settings: Settings) -> ServerState:
                       optimize_step=make_optimizer(settings, host))
     sessions = Sessions.from_settings(settings, host.chat.template, store.sessions)  # the unexpired ones, restored
     return ServerState(settings, host, engine, served, runs, store, jobs, sessions,
-                       ResponseStore(ttl=settings.session_ttl), export_queue=queue, owners=owners)
+                       ResponseStore(ttl=settings.session_ttl), export_queue=queue)
 
 
 def bounded(problems: list[str], count: int = 20, length: int = 300) -> list[str]:

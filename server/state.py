@@ -1,5 +1,6 @@
 """The parts of one art-server, as every request sees them (server/app.py's build_state makes
-them), and whether a caller may see a run (its owners say: server/runs/ownership.py)."""
+them). Whether a caller may see a run is its owners' rule: `state.runs.owners.visible`
+(server/runs/ownership.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from server.harness.responses import ResponseStore
 from server.harness.sessions import Sessions
 from server.model.host import ModelHost
 from server.runs.facade import Runs
-from server.runs.ownership import Caller, Owners
 from server.sampling.served_names import ServedModels
 from server.settings import Settings
 from server.store import Store
@@ -30,8 +30,4 @@ class ServerState:
     sessions: Sessions
     responses: ResponseStore  # for previous_response_id
     export_queue: ExportQueue | None = None  # when --export asks for exporters
-    owners: Owners | None = None  # who created each run; build_state always sets it
 
-
-def may_see_run(state: ServerState, who: Caller, name: str) -> bool:
-    return state.owners.visible(who, name)

@@ -4,7 +4,7 @@ read (server/api/limits.py); the dependency below puts the same rule in the Open
 
 A key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's).
 `--api-key` keys are admin keys: they see every run. `--tenant-keys FILE` names tenant keys: a
-tenant sees only the runs it created (server/state.py's may_see_run). Each key, admin or tenant, is
+tenant sees only the runs it created (server/runs/ownership.py's Owners.visible). Each key, admin or tenant, is
 a caller of its own (server/runs/ownership.py's Caller) for what it records (a session, a stored
 response).
 """

@@ -13,7 +13,7 @@ from server.api.auth import CallerDep, caller
 from server.harness.sessions import Recording
 from server.request_errors import other_model, run_not_found
 from server.runs.run import Run
-from server.state import ServerState, may_see_run
+from server.state import ServerState
 
 
 def get_state(request: Request) -> ServerState:
@@ -34,8 +34,8 @@ def open_session(state: ServerState, session_id: str, request: Request) -> Recor
 
 def get_run(name: RunName, state: State, who: CallerDep) -> Run:
     run = state.runs.get(name)
-    if run is None or not may_see_run(state, who, name):
-        if may_see_run(state, who, name) and (why := state.runs.other_model(name)) is not None:
+    if run is None or not state.runs.owners.visible(who, name):
+        if state.runs.owners.visible(who, name) and (why := state.runs.other_model(name)) is not None:
             raise other_model(why)
         raise run_not_found(name)
     return run

@@ -25,7 +25,7 @@ from server.runs.base_models import OtherModel, RunConflict
 from server.runs.leases import LEASE_SECONDS, LeaseHeld
 from server.runs.ownership import Caller, NameTaken, RunLimit
 from server.runs.run import Run
-from server.state import ServerState, may_see_run
+from server.state import ServerState
 from server.store import trajectory_rows
 from server.training import bounds, distill
 from server.training.assemble import AssemblyError, check_submission
@@ -62,7 +62,7 @@ async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, A
     if spec.base_model is not None and spec.base_model not in state.served.base_aliases:
         raise APIError(400, f"this server hosts {state.host.name!r}, not {spec.base_model!r}", param="base_model")
     try:  # the name is claimed first, so two keys creating it at once cannot both get it
-        claimed = state.owners.claim(spec.name, who.owner, who.admin, state.settings.max_runs_per_key,
+        claimed = state.runs.owners.claim(spec.name, who.owner, who.admin, state.settings.max_runs_per_key,
                                      spec.project, spec.model_dump())
     except NameTaken:
         raise _name_taken(spec.name)
@@ -72,7 +72,7 @@ async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, A
         run, created = await asyncio.to_thread(state.runs.get_or_create, spec)
     except BaseException as e:
         if claimed:
-            state.owners.release(spec.name)
+            state.runs.owners.release(spec.name)
         if isinstance(e, OtherModel):
             raise other_model(str(e)) from None
         if isinstance(e, RunConflict):
@@ -83,14 +83,14 @@ async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, A
             raise APIError(400, str(e), param="lora", code="invalid_value") from None
         raise
     if claimed and not created and not who.admin:  # a run with no recorded owner is the admin's
-        state.owners.release(spec.name)
+        state.runs.owners.release(spec.name)
         raise _name_taken(spec.name)
     return {**run.info(), "created": created, "base_model": state.host.name}
 
 
 @router.get("/v1/runs")
 async def list_runs(state: State, who: CallerDep) -> dict[str, Any]:
-    return {"data": [r.info() for r in state.runs.all() if may_see_run(state, who, r.name)]}
+    return {"data": [r.info() for r in state.runs.all() if state.runs.owners.visible(who, r.name)]}
 
 
 @router.get("/v1/runs/{name}", responses=RUN)
@@ -108,7 +108,7 @@ async def delete_run(run: RunDep, state: State) -> dict[str, Any]:
         await asyncio.to_thread(state.jobs.cancel_run, run.name)
         await asyncio.to_thread(state.runs.remove, run)
         await asyncio.to_thread(state.store.runs.delete, run.name)
-        state.owners.release(run.name)  # its name, and a place in its key's count of runs
+        state.runs.owners.release(run.name)  # its name, and a place in its key's count of runs
     finally:
         state.runs.deleted(run.name)
     return {"deleted": run.name, "step": run.step}
@@ -231,7 +231,7 @@ def accepted(job: Job, created: bool) -> dict[str, Any]:
 def _found(state: ServerState, who: Caller, job_id: str) -> dict[str, Any]:
     """The job, when it exists and is of a run the caller may see (another tenant's is absent)."""
     job = state.jobs.get(job_id)
-    if job is None or not may_see_run(state, who, job["run"]):
+    if job is None or not state.runs.owners.visible(who, job["run"]):
         raise APIError(404, f"job {job_id!r} does not exist", code="job_not_found")
     return job
 

@@ -23,7 +23,7 @@ from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.request_errors import APIError, run_not_found
 from server.runs.ownership import Caller
-from server.state import ServerState, may_see_run
+from server.state import ServerState
 from server.store import json_safe
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
@@ -66,7 +66,7 @@ def _known_runs(state: ServerState, who: Caller) -> dict[str, dict[str, Any]]:
         out[run.name] = {"name": run.name, "project": run.spec.project, "step": run.step,
                          # what the bare name serves: an earlier step while one is pinned (--keep-best)
                          "serving_step": run.step if run.serving_step is None else run.serving_step}
-    return {name: run for name, run in out.items() if may_see_run(state, who, name)}
+    return {name: run for name, run in out.items() if state.runs.owners.visible(who, name)}
 
 
 def _require_run(state: ServerState, who: Caller, name: str) -> dict[str, Any]:
@@ -167,7 +167,7 @@ async def ui_trajectories(name: RunName, state: State, who: CallerDep, step: int
 @api.get("/trajectories/{traj_id}", responses=documented(404, 409))
 async def ui_trajectory(state: State, who: CallerDep, traj_id: int = PathParam(ge=0, le=INT64)) -> dict[str, Any]:
     row = await asyncio.to_thread(state.store.trajectories.get, traj_id)
-    if row is None or not may_see_run(state, who, row["run"]):
+    if row is None or not state.runs.owners.visible(who, row["run"]):
         raise APIError(404, f"trajectory {traj_id} does not exist", code="trajectory_not_found")
     return json_safe(row)
 

@@ -18,7 +18,7 @@ from server.request_errors import APIError, other_model
 from server.runs.facade import NotServed, OtherBaseModel
 from server.runs.ownership import Caller
 from server.sampling.served_names import Policy
-from server.state import ServerState, may_see_run
+from server.state import ServerState
 
 Disconnected = Callable[[], Awaitable[bool]]  # whether the client went away: the HTTP request's is_disconnected
 
@@ -26,7 +26,7 @@ Disconnected = Callable[[], Awaitable[bool]]  # whether the client went away: th
 def served_names(state: ServerState, who: Caller) -> list[str]:
     """The names the caller may sample from: the base model's, and its runs' (another tenant's runs
     are not named)."""
-    return [n for n in state.served.names() if n == state.host.name or may_see_run(state, who, run_of(n))]
+    return [n for n in state.served.names() if n == state.host.name or state.runs.owners.visible(who, run_of(n))]
 
 
 async def acquire_policy(state: ServerState, model: str, who: Caller) -> Policy:
