@@ -65,13 +65,15 @@ class ServedSteps:
             return self._serve_step(run, step, checkpoints.read_adapter(run.checkpoint_dir, step), latest=False)
 
     def acquire(self, model: str) -> Policy | None:
-        """`resolve`, and the policy held until `served.release`: under the runs' lock, so that no
-        unload comes between finding an adapter and holding it."""
-        with self.lock:
-            policy = self.resolve(model)
-            if policy is not None:
-                self.served.acquire(policy)
+        """`resolve`, with the policy held until `served.release`. A loaded step is found and held in
+        one step of the served table, without the runs' lock (so a request never waits on a run being
+        created); an older `run@N` is loaded under it first."""
+        policy = self.served.acquire(model)
+        name, step = split_policy(model)
+        if policy is not None or step is None:
             return policy
+        with self.lock:  # unloads are made under it: what `resolve` loads stays until it is held
+            return self.served.acquire(model) if self.resolve(model) is not None else None
 
     def withdraw(self, run: Run) -> None:
         """No request finds the run under any of its names any more (its adapters stay loaded)."""
@@ -83,9 +85,10 @@ class ServedSteps:
         """Step `step`'s adapter unloaded and its name withdrawn, unless it is the latest, the pinned
         one, or a request is decoding on it (then a later publish unloads it)."""
         adapter = run.snapshots.get(step)
-        if adapter is None or step in (run.step, run.serving_step) or self.served.in_use(adapter):
+        if adapter is None or step in (run.step, run.serving_step):
             return
-        self.served.withdraw(policy_name(run.name, step))
+        if not self.served.withdraw_idle(policy_name(run.name, step), adapter):
+            return
         self.engine.unload_adapter(adapter)
         del run.snapshots[step]
 

@@ -59,10 +59,16 @@ class ServedModels:
             self._policies.pop(name, None)
 
     # ---- leases ----------------------------------------------------------------------------------
-    def acquire(self, policy: Policy) -> None:
-        if policy.adapter is not None:
-            with self._lock:
+    def acquire(self, name: str) -> Policy | None:
+        """The policy `name` resolves to, held until `release`, in one step under the table's lock:
+        `withdraw_idle` cannot come between finding an adapter and holding it."""
+        if name in self._aliases:
+            return self.base
+        with self._lock:
+            policy = self._policies.get(name)
+            if policy is not None and policy.adapter is not None:
                 self._leases[policy.adapter] += 1
+            return policy
 
     def release(self, policy: Policy) -> None:
         if policy.adapter is not None:
@@ -74,3 +80,12 @@ class ServedModels:
     def in_use(self, adapter: str) -> bool:
         with self._lock:
             return self._leases[adapter] > 0
+
+    def withdraw_idle(self, name: str, adapter: str) -> bool:
+        """Withdraw `name` unless a request holds `adapter`; whether it was withdrawn (then no request
+        can take the adapter by that name any more, and it may be unloaded)."""
+        with self._lock:
+            if self._leases[adapter] > 0:
+                return False
+            self._policies.pop(name, None)
+            return True

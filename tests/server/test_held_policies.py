@@ -17,6 +17,7 @@ from server.runs.facade import NotServed
 from server.runs.ownership import Caller
 from server.runs.served_steps import SERVED_SNAPSHOTS
 from server.sampling.engine_requests import acquire_policy
+from server.sampling.served_names import ServedModels
 from server.settings import Settings
 
 ADMIN = Caller(None, "admin")
@@ -54,6 +55,19 @@ def test_a_held_step_stays_loaded_past_the_steps_that_unload_it_and_goes_once_le
     assert again.step == 1 and again.adapter == run.snapshots[1] and state.served.in_use(again.adapter)
     state.runs.release(again)
     assert not state.served.in_use(again.adapter)
+
+
+@pytest.mark.unit
+def test_a_name_is_withdrawn_only_while_no_request_holds_its_adapter():
+    served = ServedModels("base", {"base-alias"})
+    served.publish("r", 1, "a1", latest=False)
+    held = served.acquire("r@1")
+    assert held is not None and served.in_use("a1")
+    assert not served.withdraw_idle("r@1", "a1") and served.resolve("r@1") == held  # held: it stays
+    served.release(held)
+    assert served.withdraw_idle("r@1", "a1")
+    assert served.acquire("r@1") is None and not served.in_use("a1")  # withdrawn: no request takes it
+    assert served.acquire("base-alias") == served.base  # the base model is never withdrawn nor held
 
 
 def test_another_tenants_run_is_a_name_that_does_not_exist(state):
