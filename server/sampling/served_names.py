@@ -2,8 +2,9 @@
 `run@N` (step N).
 
 One table with one writer: runs publish their steps into it (server/runs/served_steps.py), requests
-resolve names from it. A request holds a lease on its policy while it decodes, so the adapter it
-started on is never unloaded under it and it finishes on that step's weights.
+take names from it. A request holds its policy from the moment it finds it (`acquire`) until it is
+answered, and a name is withdrawn for an unload only while no request holds its adapter, so the
+adapter a request started on is never unloaded under it and it finishes on that step's weights.
 """
 
 from __future__ import annotations
