@@ -90,10 +90,7 @@ class Runs:
         """The policy `model` names (a run: its latest step; `run@N`; the base model), held loaded
         until `release`: the one door a request takes to the runs. `who` sees only its own runs
         (None: the server itself). NotServed, or OtherBaseModel for a run this model cannot load."""
-        if model in self.serving.served.base_aliases:
-            run = None
-        else:
-            run = model if self.get(model) is not None else run_of(model)
+        run = None if model in self.serving.served.base_aliases else run_of(model)  # run names hold no '@'
         visible = run is None or who is None or self.owners.visible(who, run)
         policy = self.serving.acquire(model) if visible else None
         if policy is None:
