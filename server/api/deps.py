@@ -12,6 +12,7 @@ from protocol.jobs import SESSION_ID
 from server.api.auth import CallerDep, caller
 from server.harness.sessions import Recording
 from server.request_errors import other_model, run_not_found
+from server.runs.facade import NotServed, OtherBaseModel
 from server.runs.run import Run
 from server.state import ServerState
 
@@ -33,12 +34,12 @@ def open_session(state: ServerState, session_id: str, request: Request) -> Recor
 
 
 def get_run(name: RunName, state: State, who: CallerDep) -> Run:
-    run = state.runs.get(name)
-    if run is None or not state.runs.owners.visible(who, name):
-        if state.runs.owners.visible(who, name) and (why := state.runs.other_model(name)) is not None:
-            raise other_model(why)
-        raise run_not_found(name)
-    return run
+    try:
+        return state.runs.find(name, who)
+    except OtherBaseModel as e:
+        raise other_model(str(e)) from None
+    except NotServed:
+        raise run_not_found(name) from None
 
 
 RunDep = Annotated[Run, Depends(get_run)]  # a run-scoped route takes `run: RunDep`, and is owner-checked

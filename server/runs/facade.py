@@ -56,9 +56,6 @@ class Runs:
         self.owners = owners  # who created each run: a tenant sees only its own
 
     # ---- which runs there are ------------------------------------------------------------------
-    def get(self, name: str) -> Run | None:
-        return self.registry.get(name)
-
     def all(self) -> list[Run]:
         return self.registry.all()
 
@@ -79,23 +76,29 @@ class Runs:
     def deleted(self, name: str) -> None:
         self.registry.deleted(name)
 
-    def other_model(self, name: str) -> str | None:
-        return self.registry.other_model(name)
-
     def problem_lines(self) -> list[str]:
         return self.registry.problem_lines()
 
-    # ---- what a model name serves --------------------------------------------------------------
+    # ---- what a name serves ----------------------------------------------------------------------
+    def find(self, name: str, who: Caller | None = None) -> Run:
+        """The run `name`, as `who` sees it (None: the server itself): a route's one door to a run.
+        NotServed for a run `who` cannot see (another tenant's is one that does not exist), or
+        OtherBaseModel for a run this model cannot load (the message says which)."""
+        visible = who is None or self.owners.visible(who, name)
+        run = self.registry.get(name) if visible else None
+        if run is not None:
+            return run
+        why = self.registry.other_model(name) if visible else None
+        raise OtherBaseModel(why) if why is not None else NotServed(name)
+
     def acquire(self, model: str, who: Caller | None = None) -> Policy:
         """The policy `model` names (a run: its latest step; `run@N`; the base model), held loaded
-        until `release`: the one door a request takes to the runs. `who` sees only its own runs
-        (None: the server itself). NotServed, or OtherBaseModel for a run this model cannot load."""
-        run = None if model in self.serving.served.base_aliases else run_of(model)  # run names hold no '@'
-        visible = run is None or who is None or self.owners.visible(who, run)
-        policy = self.serving.acquire(model) if visible else None
+        until `release`: the one door a request takes to the runs, with `find`'s rule for the run."""
+        if model not in self.serving.served.base_aliases:
+            self.find(run_of(model), who)  # run names hold no '@'
+        policy = self.serving.acquire(model)  # None: no such step, or the run went in between
         if policy is None:
-            why = self.other_model(run) if visible and run is not None else None
-            raise OtherBaseModel(why) if why is not None else NotServed(model)
+            raise NotServed(model)
         return policy
 
     def release(self, policy: Policy) -> None:

@@ -40,6 +40,14 @@ log = logging.getLogger("artisan.jobs")
 ACTIVE = ("queued", "running")
 
 
+def found(runs: Runs, name: str) -> Run | None:
+    """The run a queued job names; None once it was deleted."""
+    try:
+        return runs.find(name)
+    except LookupError:
+        return None
+
+
 class KeyConflict(ValueError):
     """The idempotency key was used for a different submission (a 409)."""
 
@@ -327,7 +335,7 @@ class JobManager:
         a failure before the commits rolls every run back (commit.py), one at a commit leaves the
         steps already committed, which their checkpoints hold."""
         jobs = job.unit
-        runs = [self.runs.get(j.run) for j in jobs]
+        runs = [found(self.runs, j.run) for j in jobs]
         if any(j.cancel.is_set() for j in jobs) or None in runs:
             why = "cancelled before it started" + ("" if None not in runs else ": a run of its joint job was deleted")
             for j, run in zip(jobs, runs):

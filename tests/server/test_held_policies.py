@@ -1,8 +1,8 @@
-"""A request's one door to the runs (server/runs/facade.py's Runs.acquire): the policy a model name
-serves is held from the moment the name resolves, so no unload comes between finding an adapter and
-decoding with it; another tenant's run is a name that does not exist; a request cancelled while its
-name resolves lets go of what the resolving thread took. On the embedded model's server state, with
-steps landed as training lands them."""
+"""A request's one door to the runs (server/runs/facade.py's Runs.acquire; a route's is Runs.find,
+with the same rule): the policy a model name serves is held from the moment the name resolves, so no
+unload comes between finding an adapter and decoding with it; another tenant's run is a name that
+does not exist; a request cancelled while its name resolves lets go of what the resolving thread
+took. On the embedded model's server state, with steps landed as training lands them."""
 
 from __future__ import annotations
 
@@ -71,7 +71,12 @@ def test_a_name_is_withdrawn_only_while_no_request_holds_its_adapter():
 
 
 def test_another_tenants_run_is_a_name_that_does_not_exist(state):
-    run_with_steps(state, "mine", 1, owner="a")
+    run = run_with_steps(state, "mine", 1, owner="a")
+    with pytest.raises(NotServed):  # a route's door (Runs.find) keeps the same rule as a request's
+        state.runs.find("mine", Caller("b", "key-b"))
+    assert state.runs.find("mine", Caller("a", "key-a")) is state.runs.find("mine") is run
+    with pytest.raises(NotServed):
+        state.runs.find("nobody")
     for name in ("mine", "mine@1"):
         with pytest.raises(NotServed):
             state.runs.acquire(name, Caller("b", "key-b"))
