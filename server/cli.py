@@ -63,6 +63,7 @@ def serve(
     dtype: str = setting("dtype"),
     gradient_checkpointing: bool = setting("gradient_checkpointing"),
     share_prefix: bool = setting("share_prefix"),
+    decode_copy: bool = setting("decode_copy"),
     memory_budget: float = setting("memory_budget", min=0.1),
     vllm_python: str = setting("vllm_python"),
     vllm_gpu_memory_utilization: float = setting("vllm_gpu_memory_utilization", min=0.05, max=0.95),

@@ -197,7 +197,7 @@ class TorchEngine:
             mask[r, width - len(prompt):] = 1
         ids, mask = ids.to(self.host.device), mask.to(self.host.device)
         kv = self._empty_kv(len(prompts), width)
-        out = self.host.forward(ids, [g[0].request.policy.adapter for g in groups], past_key_values=kv.cache(),
+        out = self.host.decode(ids, [g[0].request.policy.adapter for g in groups], past_key_values=kv.cache(),
                                 use_cache=True, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                                 logits_to_keep=1)
         kv.fill(width, [len(p) for p in prompts])
@@ -227,7 +227,7 @@ class TorchEngine:
         kv = self._empty_kv(len(rows), length)
         if hit is not None:
             kv.write_prefix(hit.entry.keys, hit.entry.values, start)
-        out = self.host.forward(
+        out = self.host.decode(
             ids, [s.request.policy.adapter for s in rows],
             past_key_values=kv.cache(), use_cache=True,
             attention_mask=torch.ones(len(rows), length, dtype=torch.long, device=ids.device),
@@ -276,7 +276,7 @@ class TorchEngine:
         rows = [s if s is not None else filler for s in self._rows]
         ids = torch.tensor([[s.token_ids[-1] if s is not None else 0] for s in self._rows], device=self.host.device)
         positions = torch.tensor(kv.lengths, device=ids.device)[:, None]
-        out = self.host.forward(
+        out = self.host.decode(
             ids, [s.request.policy.adapter for s in rows],
             past_key_values=kv.cache(), use_cache=True,
             attention_mask=kv.attention_mask(extra=1), position_ids=positions,

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from server.chat.format import ChatFormat
+from server.model import decode_copy
 from server.model.memory import GB
 from server.model.source import resolve, served_name
 from server.settings import Settings
@@ -225,6 +226,12 @@ class ModelHost:
         names = [a if a is not None else BASE for a in adapters]
         return self.model(input_ids=input_ids, adapter_names=names, **kwargs)
 
+    def decode(self, input_ids: torch.Tensor, adapters: list[str | None], **kwargs) -> Any:
+        """The engine's pass: `forward`, a row multiplied by the transposed weights where `load_model`
+        copied them (server/model/decode_copy.py); every other pass multiplies as training does."""
+        with decode_copy.decoding():
+            return self.forward(input_ids, adapters, **kwargs)
+
     @contextmanager
     def training_forward(self) -> Iterator[None]:
         """A trainer forward pass. Gradient checkpointing, when asked for, only runs in train mode,
@@ -264,6 +271,9 @@ def load_model(settings: Settings) -> ModelHost:
     if settings.gradient_checkpointing:
         host.enable_gradient_checkpointing()
     host.share_prefix = settings.share_prefix
+    if settings.decode_copy and settings.engine == "torch" and host.device.type == "cpu":
+        copied = decode_copy.copy_for_decode(host.base_model)
+        log.info("a transposed copy of the linear weights decodes one row: %.0f MB", copied / 2**20)
     if settings.memory_budget is not None:
         host.memory_budget = int(settings.memory_budget * GB)
     _warn_unrendered_tools(host, settings)

@@ -1,7 +1,7 @@
 """The torch engine's prefill, in process on the embedded model and on SmolLM2's real weights: short
 prompts of different lengths admitted together are one forward (left-padded, each distinct prompt
 computed once however many rows sample from it), and every logprob is still the model's over
-exactly prompt + completion."""
+exactly prompt + completion (within float32 rounding where one row decodes through the weights' transposed copy)."""
 
 from __future__ import annotations
 
@@ -14,18 +14,22 @@ from server.engine.base import GenRequest
 from server.engine.sampling import SamplingParams
 from server.engine.prefix_cache import MIN_TOKENS as PREFIX_CACHE_MIN
 from server.engine.torch_engine import TorchEngine
+from server.model import decode_copy
 from server.model.host import ModelHost
 from server.sampling.served_names import Policy
 from server.settings import DEFAULT_MODEL_DIR
 
 
-@pytest.fixture(scope="module", params=["embedded", "smollm2"])
+@pytest.fixture(scope="module", params=["embedded", "smollm2", "smollm2-decode-copy"])
 def host(request):
     if request.param == "embedded":
         return ModelHost(DEFAULT_MODEL_DIR, device="cpu", dtype="float32")
     from tests.real_models import converted, smollm2_gguf
 
-    return ModelHost(converted(smollm2_gguf()), device="cpu", dtype="float32")
+    host = ModelHost(converted(smollm2_gguf()), device="cpu", dtype="float32")
+    if request.param.endswith("decode-copy"):  # as art-server decodes on a CPU by default
+        decode_copy.copy_for_decode(host.base_model)
+    return host
 
 
 def _reference(host: ModelHost, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
