@@ -1,15 +1,16 @@
 """A transposed copy of the base model's linear weights, for the engine's one-row decode on a CPU.
 
-Decoding one sequence multiplies one row by each weight, a pass bound by how fast the weights
-stream from memory. torch's `F.linear` (x·Wᵀ with W stored out x in) streams float32 weights at
-about 10 GB/s on this project's 2-core machine; the same product as `x @ Wt`, with Wt stored in x
-out, runs at about 14 GB/s: SmolLM2-135M's 211 linear layers take 37 ms a token against 50, and a
-one-client decode is about 20% faster (measured in the model; oneDNN's inner product on its own
-copy gained 5%, and MKL's packed GEMM nothing). At 4 rows and more `F.linear` is the faster again
-(2 and 3 were not measured), so only one row takes the copy. The copy costs the weights' size again in memory, so it is made only
-where the torch engine decodes in float32 on a CPU. Only the engine's passes take it (`decoding()`,
-on the thread that decodes): training's, the reference model's and the scoring route's passes
-multiply through `F.linear` as before, so no logprob a training step computes changes.
+Decoding one sequence multiplies one row by each weight, a pass bound by how fast the weights stream
+from memory. torch's `F.linear` (x·Wᵀ with W stored out x in) streams float32 weights at about 10
+GB/s on this project's 2-core machine; the same product as `x @ Wt`, with Wt stored in x out, runs
+at about 14 GB/s: SmolLM2-135M's 211 linear layers take 37 ms a token against 50, and a one-client
+decode is about 20% faster (measured in the model; oneDNN's inner product on its own copy gained 5%,
+and MKL's packed GEMM nothing). At 4 rows and more `F.linear` is the faster again (2 and 3 were not
+measured), so only one row takes the copy. The copy costs the weights' size again in memory, so it
+is made only where the torch engine decodes in float32 on a CPU. Only the engine's passes take it
+(`decoding()`, on the thread that decodes): training's, the reference model's and the scoring
+route's passes multiply through `F.linear` as before, so no logprob a training step computes
+changes.
 """
 
 from __future__ import annotations
