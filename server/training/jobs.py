@@ -27,7 +27,7 @@ from protocol.metrics import StepMetrics
 from server.export_queue import ExportQueue
 from server.faults import crash_point
 from server.runs import checkpoints
-from server.runs.facade import Runs
+from server.runs.facade import NotServed, OtherBaseModel, Runs
 from server.runs.run import Run
 from server.store import Store, storage_failure
 from server.training import distill, steps
@@ -44,7 +44,7 @@ def found(runs: Runs, name: str) -> Run | None:
     """The run a queued job names; None once it was deleted."""
     try:
         return runs.find(name)
-    except LookupError:
+    except (NotServed, OtherBaseModel):  # not LookupError: a KeyError from a bug is no deleted run
         return None
 
 

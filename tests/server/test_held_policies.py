@@ -19,6 +19,7 @@ from server.runs.served_steps import SERVED_SNAPSHOTS
 from server.sampling.engine_requests import acquire_policy
 from server.sampling.served_names import ServedModels
 from server.settings import Settings
+from server.training.jobs import found
 
 ADMIN = Caller(None, "admin")
 
@@ -77,6 +78,7 @@ def test_another_tenants_run_is_a_name_that_does_not_exist(state):
     assert state.runs.find("mine", Caller("a", "key-a")) is state.runs.find("mine") is run
     with pytest.raises(NotServed):
         state.runs.find("nobody")
+    assert found(state.runs, "mine") is run and found(state.runs, "nobody") is None  # the job worker's
     for name in ("mine", "mine@1"):
         with pytest.raises(NotServed):
             state.runs.acquire(name, Caller("b", "key-b"))
@@ -87,6 +89,11 @@ def test_another_tenants_run_is_a_name_that_does_not_exist(state):
     assert state.runs.acquire(state.host.name, Caller("b", "key-b")).adapter is None  # the base model: everyone's
     with pytest.raises(NotServed):
         state.runs.acquire("mine@2", ADMIN)
+    state.runs.forget(run)  # a run being deleted: no route, request or queued job finds it
+    for door in (lambda: state.runs.find("mine"), lambda: state.runs.acquire("mine@1", ADMIN)):
+        with pytest.raises(NotServed):
+            door()
+    assert found(state.runs, "mine") is None
 
 
 async def test_a_request_cancelled_while_its_name_resolves_lets_go_of_the_policy(state, monkeypatch):
