@@ -7,11 +7,14 @@ every animal up, calculate, answer. The reward is reasoning-gym's own `score_ans
 reply, so a tool only pays when its result reaches the answer.
 
 A warm start teaches the episode's shape first: `demonstrations()` writes worked episodes (every
-animal looked up in one turn, one sum, the answer) of questions drawn apart from the held-out ones,
-and art-server's SFT job trains on them (`client.train --warm-start N`). A light warm start (128
-episodes, one epoch) leaves the model calling the tools with slips: a misspelt animal ("grassman"),
-a count or a leg number copied wrong, a product left out of the sum, a malformed call. GRPO is left
-to remove the slips.
+animal looked up in one turn, one sum, the answer) and art-server's SFT job trains on them
+(`client.train --warm-start N`). The demonstrations are a split of their own: questions of two or
+three kinds of animal, where training and the held-out questions have three or four. So the warm
+start teaches the shape, not the answers GRPO is judged on: after 128 demonstrations (one epoch)
+greedy success is about 0.8 on questions like the demonstrations and about 0.3 on the held-out
+ones, whose fourth animal it often leaves out. Its other slips: a misspelt animal ("grassman"), a
+count or a leg number copied wrong, a product left out of the sum, a malformed call. GRPO is left
+to remove them.
 Episodes of one animal alone were tried as the warm start first: the model then looked up one
 animal of every question, and no rollout of a several-animal question ever earned reward.
 
@@ -49,8 +52,10 @@ TOOLS: list[dict[str, Any]] = [
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                        "required": ["expression"]}}},
 ]
-# reasoning-gym's leg_counting settings: two or three kinds of animal, one to four of each.
-TASK = dict(min_animals=2, max_animals=3, min_instances=1, max_instances=4)
+# reasoning-gym's leg_counting settings: the questions trained and held out have three or four
+# kinds of animal, the demonstrations two or three; one to four of each.
+TASK = dict(min_animals=3, max_animals=4, min_instances=1, max_instances=4)
+DEMONSTRATION_TASK = dict(TASK, min_animals=2, max_animals=3)
 TRAIN_SEED, EVAL_SEED, WARM_START_SEED = 0, 10_000, 20_000  # each its own draw of questions
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -178,9 +183,10 @@ class LegLookupExample(Example):
         return LegLookupEnv(task.data["row"])
 
     def demonstrations(self, n: int) -> list[Conversation]:
-        # Drawn from a seed of their own, and no held-out question among them (a draw can repeat one).
+        # Drawn from a split and a seed of their own, and no held-out question among them (a draw of
+        # three kinds can repeat one).
         held_out = {t.data["row"]["question"] for t in self.eval_tasks()}
-        fresh = [r for r in rows(TASK, 2 * n, WARM_START_SEED) if r["question"] not in held_out]
+        fresh = [r for r in rows(DEMONSTRATION_TASK, 2 * n, WARM_START_SEED) if r["question"] not in held_out]
         return [demonstration(r) for r in fresh[:n]]
 
 

@@ -79,8 +79,11 @@ async def test_a_demonstration_is_an_episode_the_environment_scores_1():
     # an answer without the tools still scores on its own, and says what was not looked up
     guess = await LegLookupEnv(row).score([*demo.messages[:2], {"role": "assistant", "content": "12"}])
     assert guess.metrics["animals_looked_up"] == 0.0 and guess.metrics["calculated"] is False
-    # the warm start's demonstrations: several animals, none of them a held-out question
+    # the warm start's demonstrations: a split of fewer kinds of animal than the held-out questions
+    # (the start must not already solve them), none of them a held-out question
     demos = LegLookupExample().demonstrations(256)
     assert len(demos) == 256 and {len(d.messages[2]["tool_calls"]) for d in demos} == {2, 3}
-    held_out = {t.data["row"]["question"] for t in LegLookupExample().eval_tasks()}
-    assert not held_out & {d.messages[1]["content"] for d in demos}
+    held_out = [t.data["row"] for t in LegLookupExample().eval_tasks()]
+    assert {len(r["metadata"]["animals"]) for r in held_out} == {3, 4}
+    assert not {r["question"] for r in held_out} & {d.messages[1]["content"] for d in demos}
+
