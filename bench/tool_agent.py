@@ -113,8 +113,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-4, help="both trainers' GRPO learning rate")
     ap.add_argument("--warm-start", type=int, default=128, help="demonstrations in the SFT start")
     ap.add_argument("--warm-start-lr", type=float, default=2e-3)
-    ap.add_argument("--temperature", type=float, default=0.7,
-                    help="both trainers' sampling temperature (at 1 the warm start's episodes slip too often to learn from)")
+    ap.add_argument("--temperature", type=float, help="both trainers' sampling temperature (the example's own by default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", choices=["artisan"], help="skip TRL")
     ap.add_argument("--quick", action="store_true", help="2 steps of 2 x 4, 8 held-out questions, 32 demonstrations")
@@ -131,6 +130,7 @@ def main() -> None:
     model_dir = converted(gguf)  # the float32 weights art-server dequantises and serves
     example = leg_lookup.make_example()
     settings = example.settings
+    a.temperature = settings.temperature if a.temperature is None else a.temperature
     eval_rows = [t.data["row"] for t in example.eval_tasks()[: a.eval_n]]
     a.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"settings": {k: v for k, v in vars(a).items() if k not in ("out", "only")} | {
