@@ -12,9 +12,9 @@ animal looked up in one turn, one sum, the answer) and art-server's SFT job trai
 three kinds of animal, where training and the held-out questions have three or four. So the warm
 start teaches the shape, not the answers GRPO is judged on: after 128 demonstrations (one epoch)
 greedy success is about 0.8 on questions like the demonstrations and about 0.3 on the held-out
-ones, whose fourth animal it often leaves out. Its other slips: a misspelt animal ("grassman"), a
-count or a leg number copied wrong, a product left out of the sum, a malformed call. GRPO is left
-to remove them.
+ones. Its slips: most often a count or a leg number copied from the wrong animal, or a product left
+out of the sum; also an animal not looked up, a misspelt one ("grassman"), a malformed call. GRPO
+is left to remove them.
 Episodes of one animal alone were tried as the warm start first: the model then looked up one
 animal of every question, and no rollout of a several-animal question ever earned reward.
 
