@@ -147,8 +147,20 @@ def _all_constant(m: StepMetrics) -> str:
             f"that the model sometimes solves and sometimes fails.")
 
 
+# Below this chance of drawing the step's batch from the previous step's policy, it is not luck.
+COLLAPSE_CHANCE = 0.05
+
+
 def _collapsed(m: StepMetrics, previous: StepMetrics) -> bool:
     """A step with signal, then a lower reward that no rollout escapes: what a broken policy looks like.
-    (A run that solved its tasks also ends with constant groups, but at a higher reward.)"""
+    (A run that solved its tasks also ends with constant groups, but at a higher reward.)
+
+    Where the previous step had signal in few of its groups (1 of 4 at a reward of 0.09, a hard task),
+    a batch where none has any is a likely draw from the same policy, not a sign that the update broke
+    it: the chance is taken as the previous step's share of groups without spread, to the power of
+    this step's groups."""
     now, before = m.reward_mean, previous.reward_mean
-    return bool(previous.groups_trainable) and now is not None and before is not None and now < before
+    if not previous.groups_trainable or now is None or before is None or now >= before:
+        return False
+    without_spread = 1 - previous.groups_trainable / max(previous.groups_total, 1)
+    return without_spread ** m.groups_total < COLLAPSE_CHANCE

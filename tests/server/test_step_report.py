@@ -31,6 +31,19 @@ def test_constant_groups_are_told_apart_by_their_reward():
     assert health.constant_split([-1.0, 0.0], [-1.0, 0.0, 1.0]) == (0, 1)
 
 
+def test_a_failed_batch_after_sparse_signal_is_luck_and_after_wide_signal_a_collapse():
+    """leg_lookup's step 3: 1 of 4 groups had spread at reward 0.094, then all 4 failed. With those
+    odds, four groups without spread is a draw in three, not a broken policy."""
+    failed = StepMetrics(groups_total=4, groups_dropped_constant=4, groups_constant_failed=4, reward_mean=0.0)
+    sparse = StepMetrics(groups_total=4, groups_trainable=1, trained=True, reward_mean=0.094)
+    wide = StepMetrics(groups_total=4, groups_trainable=4, trained=True, reward_mean=0.5)
+    assert not any("collapse" in w for w in health.step_warnings(failed, sparse))
+    assert any("Reward fell from 0.5" in w and "collapse" in w for w in health.step_warnings(failed, wide))
+    # more groups failing alike make the same sparse start unlikely: 0.75 ** 16 is 1 in 100
+    many = failed.model_copy(update={"groups_total": 16, "groups_dropped_constant": 16, "groups_constant_failed": 16})
+    assert any("collapse" in w for w in health.step_warnings(many, sparse))
+
+
 def test_a_batch_mostly_solved_is_good_news_and_mostly_failed_a_warning():
     solved = dict(groups_total=16, groups_dropped_constant=13, groups_constant_solved=12, groups_constant_failed=1,
                   groups_trainable=3, trainable_tokens=90, trained=True, lora_update_norm=0.1, reward_mean=0.93)
