@@ -73,8 +73,13 @@ def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]
     saved = [s for s in seconds if s > 1 and ((s - 1) % a.eval_every == 0 or s == max(seconds))]
     adapters = [{"step": s - 1, "train_seconds": seconds[s],
                  "adapter": export_peft(checkpoints, s, run_json, work / "adapters" / f"artisan-{s}")} for s in saved]
+    # How far each step moved the adapter, beside the warm start's own figures: the size of an update
+    # at one learning rate is where two trainers' steps differ first.
+    updates = [{k: h.get(k) for k in ("step", "reward_mean", "grad_norm", "lora_update_norm", "optimizer_reset")}
+               for h in summary["history"] if h["trained"]]
     return {"start_adapter": start, "warm_start_seconds": round(warm_seconds, 1),
-            "warm_start": warm.get("warm_start"), "saved": adapters, "stopped": summary.get("stopped")}
+            "warm_start": warm.get("warm_start"), "saved": adapters, "stopped": summary.get("stopped"),
+            "updates": updates}
 
 
 def curve(model_dir: Path, start: Path, saved: list[dict[str, Any]], eval_rows: list[dict]) -> list[list[float]]:
@@ -142,6 +147,7 @@ def main() -> None:
         artisan = run_artisan(a, gguf, work)
         result["warm_start"] = {"seconds": artisan["warm_start_seconds"], **(artisan["warm_start"] or {})}
         result["artisan"] = {"curve": curve(model_dir, artisan["start_adapter"], artisan["saved"], eval_rows),
+                             "updates": artisan["updates"],
                              **({"stopped": artisan["stopped"]} if artisan["stopped"] else {})}
         if a.only is None:
             budget = artisan["saved"][-1]["train_seconds"] if artisan["saved"] else None

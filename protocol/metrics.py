@@ -81,6 +81,9 @@ class StepMetrics(BaseModel):
     # for all the sequences that begin with it (art-server --share-prefix).
     prefix_shared_fraction: float | None = None
     lora_update_norm: float | None = None
+    # The optimizer's moments were started afresh: the run's previous step was of the other kind
+    # (SFT before RL, as after a warm start), whose gradients they estimated.
+    optimizer_reset: bool = False
     learning_rate: float | None = None
     step_seconds: float | None = None
     # Where the step's time went, on the trainer: the batch built from the groups (tokens spliced,

@@ -194,7 +194,8 @@ class TrainingLoop:
         result = await self.model.train_sft(demos, SFTConfig(epochs=ws.epochs, learning_rate=ws.learning_rate),
                                             idempotency_key=f"{self.cfg.run}:warm-start")
         self.summary.warm_start = {"step": result.step, "demonstrations": len(demos), "epochs": ws.epochs,
-                                   "loss": result.metrics.loss}
+                                   "loss": result.metrics.loss, "grad_norm": result.metrics.grad_norm,
+                                   "lora_update_norm": result.metrics.lora_update_norm}
         self.where["step"] = result.step
         print(warm_start_line(result, len(demos), ws.epochs, time.monotonic() - started), flush=True)
         await self.eval_now()

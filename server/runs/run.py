@@ -56,6 +56,10 @@ class Run:
                 # what a job that names no learning rate trains at (derived from the base model)
                 "default_learning_rate": default_learning_rate(self.host)}
 
+    def last_kind(self) -> str | None:
+        """What the run's latest step was ("rl", "sft"); None before its first."""
+        return checkpoints.read_meta(self.checkpoint_dir, self.step).get("kind")
+
     def last_metrics(self, kind: str) -> StepMetrics | None:
         """The figures of the run's latest step, when it was a step of this kind."""
         meta = checkpoints.read_meta(self.checkpoint_dir, self.step)

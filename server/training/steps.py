@@ -219,6 +219,7 @@ def rl_step(run: Run, groups: list[TrajectoryGroup], cfg: TrainConfig, hooks: Ho
                                       batch.dropped_tokens, batch.dropped_sequences)
     plan = OptimPlan.for_rl(cfg, cfg.learning_rate or default_learning_rate(run.host))
     _within_bound(plan, len(batch.sequences), hooks)
+    m.optimizer_reset = moments_for(run, "rl")
     fit(run, plan, m, t0, batch.sequences[0], lambda: hooks.optimize(
         run, batch.sequences, plan, rl_loss(cfg), loss_scale=m.signal_share, should_stop=hooks.should_stop))
     return _measured(run, "rl", m)
@@ -235,6 +236,7 @@ def sft_step(run: Run, conversations: list[Conversation], cfg: SFTConfig, hooks:
         return _measured(run, "sft", m)
     plan = OptimPlan.for_sft(cfg, cfg.learning_rate or default_learning_rate(run.host), len(sequences))
     _within_bound(plan, len(sequences), hooks)
+    m.optimizer_reset = moments_for(run, "sft")
     fit(run, plan, m, t0, sequences[0], lambda: hooks.optimize(
         run, sequences, plan, sft_loss, measure_gap=False, measure_kl=False, should_stop=hooks.should_stop))
     return _measured(run, "sft", m)
@@ -245,6 +247,20 @@ def _within_bound(plan: OptimPlan, n_sequences: int, hooks: Hooks) -> None:
     per trajectory)."""
     steps = bounds.optimizer_steps(plan.epochs, min(plan.num_minibatches, n_sequences))
     bounds.check_steps(steps, hooks.max_optimizer_steps, "would take")
+
+
+def moments_for(run: Run, kind: str) -> bool:
+    """Clear the optimizer's moments when the run's last step was of another kind; whether it did.
+
+    Adam's moments are running estimates of one objective's gradients. After an SFT warm start the
+    second moment holds the likelihood's gradients, larger than a policy gradient's, and with beta2
+    0.99 it divides the RL updates by them for tens of steps, while the first moment carries the SFT
+    direction into the first few. A new objective starts from fresh moments, as it would in a
+    trainer of its own (TRL's GRPOTrainer after its SFTTrainer)."""
+    if not run.optimizer.state or run.last_kind() in (None, kind):
+        return False
+    run.optimizer.state.clear()
+    return True
 
 
 def _measured(run: Run, kind: str, m: StepMetrics) -> ComputedStep:

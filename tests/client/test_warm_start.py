@@ -11,12 +11,19 @@ import pytest
 
 from examples.leg_lookup import TASK, LegLookupEnv, LegLookupExample, calculate, demonstration, legs, rows
 from rollouts.env import ToolError
+from server.runs.checkpoints import read_optimizer
 from tests.helpers import train_cli
 
 
 def _train(srv, out, run: str, *args: str) -> subprocess.CompletedProcess:
     return train_cli(srv.url, out, run, "--eval-every", "0", "--eval-tasks", "8", "--groups-per-step", "2",
                      "--group-size", "4", "--seed", "0", *args)
+
+
+def _adam_steps(srv, run: str, step: int) -> set[float]:
+    """The update counts in a checkpoint's optimizer state, over its parameters."""
+    state = read_optimizer(srv.data_dir / "runs" / run / "checkpoints", step)["state"]
+    return {float(s["step"]) for s in state.values()}
 
 
 def test_a_warm_start_is_the_runs_first_step_and_grpo_goes_on_from_it(server, tmp_path):
@@ -31,14 +38,21 @@ def test_a_warm_start_is_the_runs_first_step_and_grpo_goes_on_from_it(server, tm
     summary = json.loads((out / "summary.json").read_text())
     assert summary["warm_start"]["step"] == 1 and summary["warm_start"]["demonstrations"] == 32
     assert summary["warm_start"]["loss"] > 0
+    assert summary["warm_start"]["grad_norm"] > 0 and summary["warm_start"]["lora_update_norm"] > 0
     assert [e["step"] for e in summary["evals"]] == [0, 1, 2]
     assert [h["step"] for h in summary["history"] if h["trained"]] == [2]
     assert httpx.get(f"{server.url}/v1/runs/warm-1", timeout=30).json()["step"] == 2
+    # GRPO starts Adam afresh: the SFT step's moments (two optimizer steps of 16) are not its own
+    assert [h["optimizer_reset"] for h in summary["history"] if h["trained"]] == [True]
+    assert _adam_steps(server, "warm-1", 1) == {2.0} and _adam_steps(server, "warm-1", 2) == {1.0}
 
     again = _train(server, out, "warm-1", "--example", "demo", "--warm-start", "32", "--steps", "3")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "warm start:" not in again.stdout  # resumed at step 2: the warm start is behind it
-    assert json.loads((out / "summary.json").read_text())["warm_start"] == summary["warm_start"]
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["warm_start"] == summary["warm_start"]
+    assert [h["optimizer_reset"] for h in resumed["history"] if h["step"] == 3 and h["trained"]] == [False]
+    assert _adam_steps(server, "warm-1", 3) == {2.0}  # RL after RL: the moments go on
 
 
 def test_an_example_without_demonstrations_is_refused_in_one_line(server, tmp_path):
