@@ -162,5 +162,5 @@ def _collapsed(m: StepMetrics, previous: StepMetrics) -> bool:
     now, before = m.reward_mean, previous.reward_mean
     if not previous.groups_trainable or now is None or before is None or now >= before:
         return False
-    without_spread = 1 - previous.groups_trainable / max(previous.groups_total, 1)
-    return without_spread ** m.groups_total < COLLAPSE_CHANCE
+    with_spread = min(previous.groups_trainable / previous.groups_total, 1.0) if previous.groups_total else 1.0
+    return (1 - with_spread) ** m.groups_total < COLLAPSE_CHANCE

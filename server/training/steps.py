@@ -253,10 +253,11 @@ def moments_for(run: Run, kind: str) -> bool:
     """Clear the optimizer's moments when the run's last step was of another kind; whether it did.
 
     Adam's moments are running estimates of one objective's gradients. After an SFT warm start the
-    second moment holds the likelihood's gradients, larger than a policy gradient's, and with beta2
-    0.99 it divides the RL updates by them for tens of steps, while the first moment carries the SFT
-    direction into the first few. A new objective starts from fresh moments, as it would in a
-    trainer of its own (TRL's GRPOTrainer after its SFTTrainer)."""
+    second moment holds the likelihood's gradients (leg_lookup's: norm 0.37, against 0.014-0.05 for
+    its GRPO steps), and with beta2 0.99 it divides the RL updates by them for tens of steps, while
+    the first moment carries the SFT direction into the first few: there, greedy success rose +0.06
+    in 8 GRPO steps with the moments kept and +0.19 with fresh ones. A new objective starts from
+    fresh moments, as it would in a trainer of its own (TRL's GRPOTrainer after its SFTTrainer)."""
     if not run.optimizer.state or run.last_kind() in (None, kind):
         return False
     run.optimizer.state.clear()
