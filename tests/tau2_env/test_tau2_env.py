@@ -46,7 +46,7 @@ def server(tmp_path_factory):
                              "--served-model-name", "smollm2", "--chat-template", str(TEMPLATE),
                              # tau2 transcripts are 5-8k tokens: activations are recomputed, not kept,
                              # and the rollouts decode four rows at a time, not up to 64, so that they
-                             # hold about 5 GB, not 9, beside CI's other suites (a step's share
+                             # peak near 6.6 GB, not 8.8, beside CI's other suites (a step's share
                              # follows what the machine has free when it starts)
                              "--gradient-checkpointing", "--max-batch", "4"]).start(timeout=600)
     yield srv
