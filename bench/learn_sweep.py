@@ -13,7 +13,7 @@ line back and prints one JSON line: per task and trainer, base and final held-ou
 and standard error over seeds), the rise, per-seed figures and the verdicts below; a PNG of the
 curves is written beside the results.
 
-    python bench/learn.py --sweep                                  # 8 tasks x seeds 0 1 2 x both (hours)
+    python bench/learn.py --sweep                                  # 9 tasks x seeds 0 1 2 x both (hours)
     python bench/learn.py --sweep --quick --tasks leg_counting --seeds 0      # a smoke run
     python bench/learn.py --sweep --model gemma3 --tasks leg_counting count_primes
 """
@@ -38,10 +38,10 @@ import learn  # noqa: E402
 from client.local_server import ROOT  # noqa: E402
 from examples import reasoning_gym as learn_task  # noqa: E402
 
-# Two tasks of each family, every one with SmolLM2's greedy few-shot base accuracy strictly between
+# Nine tasks of five families, every one with SmolLM2's greedy few-shot base accuracy strictly between
 # 0 and 1 (examples/reasoning_gym, bench/learn_base_rates.py): room to learn and groups that disagree.
 FAMILIES: dict[str, str] = {
-    "basic_arithmetic": "arithmetic", "chain_sum": "arithmetic",
+    "basic_arithmetic": "arithmetic", "chain_sum": "arithmetic", "products": "arithmetic",
     "leg_counting": "counting", "letter_counting": "counting",
     "spell_backward": "string", "word_sequence_reversal": "string",
     "syllogism": "logic", "count_primes": "algorithmic",

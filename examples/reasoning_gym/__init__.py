@@ -7,7 +7,8 @@ form, which puts its base accuracy between 10% and 30% on the easy settings belo
 and groups that disagree. bench/learn_base_rates.py measures it per task and prompt. The default,
 leg_counting (one kind of animal, one or two of it), is the one of those on which GRPO raised
 held-out accuracy: on the arithmetic ones the model copies the last solved answer's shape ("-6")
-and has no sum to find.
+and has no sum to find. With `fewshot_drawn`, two solved questions drawn for each question, there
+is no one answer to copy, and chain_sum and basic_arithmetic learn too (the README's sweep).
 
 This is the task bench/learn.py trains with artisan and with TRL, and the one the SmolLM2
 learning regression test (tests/learning/) trains:
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,8 +72,12 @@ PROMPTS: dict[str, tuple[str, str]] = {
     "user_final": ("Reply with only the final answer, nothing else.", "\nReply with only the final answer, nothing else."),
     # Two solved questions of the same dataset as earlier chat turns: the model copies their form.
     "fewshot": ("Answer with only the final answer.", ""),
+    # The same, with the two drawn for each question from a pool. Fixed shots also lend the model two
+    # answers to copy, and GRPO rewards the copy whenever it is right: on products and chain_sum the
+    # held-out answers collapsed onto a shot's answer ("0" from "0 * 6 = 0") with either trainer.
+    "fewshot_drawn": ("Answer with only the final answer.", ""),
 }
-FEWSHOT_SEED, FEWSHOT_N = 99_999, 2
+FEWSHOT_SEED, FEWSHOT_N, FEWSHOT_POOL = 99_999, 2, 64
 
 TASK, PROMPT = "leg_counting", "fewshot"  # chosen by measuring: see the README (bench/learn_base_rates.py)
 TRAIN_SEED, EVAL_SEED = 0, 10_000  # disjoint seeds: the held-out rows are other questions
@@ -87,14 +94,35 @@ def rows(task: str, size: int, seed: int, level: int = 0) -> list[dict[str, Any]
 
 def messages(row: dict[str, Any], prompt: str) -> list[dict[str, str]]:
     system, suffix = PROMPTS[prompt]
-    shots = list(_shots(row["metadata"]["source_dataset"])) if prompt == "fewshot" else []
+    task = row["metadata"]["source_dataset"]
+    if prompt == "fewshot":
+        solved = _pool(task)[:FEWSHOT_N]
+    elif prompt == "fewshot_drawn":
+        solved = _drawn(task, row["question"])
+    else:
+        solved = []
+    shots = [m for ex in solved
+             for m in ({"role": "user", "content": ex["question"]}, {"role": "assistant", "content": str(ex["answer"])})]
     return [{"role": "system", "content": system}, *shots, {"role": "user", "content": row["question"] + suffix}]
 
 
 @functools.cache
-def _shots(task: str) -> tuple[dict[str, str], ...]:
-    return tuple(m for ex in rows(task, FEWSHOT_N, FEWSHOT_SEED)
-                 for m in ({"role": "user", "content": ex["question"]}, {"role": "assistant", "content": str(ex["answer"])}))
+def _pool(task: str) -> list[dict[str, Any]]:
+    """The solved questions shots come from; `fewshot`'s two are its first two."""
+    return rows(task, FEWSHOT_POOL, FEWSHOT_SEED)
+
+
+def _drawn(task: str, question: str) -> list[dict[str, Any]]:
+    """FEWSHOT_N shots of distinct questions for `question`, the same on every call and in every
+    process (seeded by a hash of its text, not Python's salted one), and none of them the question
+    itself. Easy settings repeat questions (leg_counting's pool of 64 holds 43), so a draw that
+    repeats one is drawn again."""
+    pool = [ex for ex in _pool(task) if ex["question"] != question]
+    rng = random.Random(hashlib.sha256(question.encode()).digest())
+    while True:
+        shots = rng.sample(pool, FEWSHOT_N)
+        if len({ex["question"] for ex in shots}) == FEWSHOT_N:
+            return shots
 
 
 score = score_reply

@@ -39,6 +39,25 @@ def test_the_fewshot_prompt_puts_solved_questions_of_the_same_dataset_before_the
     assert learn_task.messages(row, "fewshot") == msgs  # every prompt of a run is the same
 
 
+@pytest.mark.parametrize("task", ["products", "leg_counting"])  # leg_counting's pool repeats questions
+def test_drawn_shots_differ_between_questions_and_stay_the_same_for_one(task):
+    rows = learn_task.rows(task, 64, learn_task.EVAL_SEED)
+    pool = {(s["question"], str(s["answer"])) for s in learn_task.rows(task, learn_task.FEWSHOT_POOL,
+                                                                         learn_task.FEWSHOT_SEED)}
+
+    def shots(row):
+        msgs = learn_task.messages(row, "fewshot_drawn")
+        assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+        assert msgs[-1]["content"] == row["question"]
+        return [(msgs[i]["content"], msgs[i + 1]["content"]) for i in (1, 3)]
+
+    drawn = [shots(r) for r in rows]
+    for row, pair in zip(rows, drawn):
+        assert set(pair) <= pool and pair[0][0] != pair[1][0] and row["question"] not in {q for q, _ in pair}
+        assert shots(row) == pair  # a question's prompt is the same at every sample and evaluation
+    assert len({tuple(p) for p in drawn}) > len(drawn) // 2  # not one fixed pair to copy answers from
+
+
 def test_train_and_held_out_rows_are_other_questions():
     train = {r["question"] for r in learn_task.rows("chain_sum", 64, learn_task.TRAIN_SEED)}
     held_out = [r["question"] for r in learn_task.rows("chain_sum", 64, learn_task.EVAL_SEED)]
