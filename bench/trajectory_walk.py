@@ -45,7 +45,8 @@ HOW = ("sys/threading.setprofile on all threads from the first rollout() to run@
        "repository only (not .venv, not this script): an entry is a run-related function starting whose nearest "
        "calling frame of ours is outside the set (or absent: a thread hop or library), run_returns counts "
        "run-related functions leaving (return or raise, not yield), functions the distinct functions of ours run; "
-       "read: the same trace as a reader follows it (read_walk): each function once, doors the run-related "
+       "read: the same trace as a reader follows it (read_walk): each function once (its nested comprehensions, "
+       "lambdas and closures with it), doors the run-related "
        "functions first started from outside the set, moves and returns between modules on each thread's path")
 
 
@@ -86,12 +87,15 @@ def read_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED) -> 
     first started from outside the set (the places outside that must know how a run works; a
     request that comes again through the same door is not another). Its moves, on each thread's
     path: the next function read being in another module; a return is a move into a module that
-    path has already left."""
+    path has already left. A function's comprehensions, lambdas and closures are read with it: Python
+    3.11 runs them as code objects of their own (3.12 inlines comprehensions), and counted apart they
+    made a return of every comprehension that ran after a call into another module."""
     related, seen, paths = tuple(related), set(), defaultdict(list)
     doors: Counter[str] = Counter()
     for e in events:
-        if e.kind == "call" and e.function not in seen:
-            seen.add(e.function)
+        function = outermost(e.function)
+        if e.kind == "call" and function not in seen:
+            seen.add(function)
             paths[e.thread].append(e.module)
             if run_related(e.module, related) and not run_related(e.caller, related):
                 doors[e.module] += 1
@@ -109,6 +113,11 @@ def read_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED) -> 
     return {"doors": dict(doors.most_common()), "max_doors": max(doors.values(), default=0),
             "moves": moves, "returns": returns, "run_returns": run_returns,
             "modules": len({m for path in paths.values() for m in path})}
+
+
+def outermost(function: str) -> str:
+    """`module:f` for `module:f.<locals>.<listcomp>` and any other code nested in f's text."""
+    return function.split(".<locals>.", 1)[0]
 
 
 @functools.cache

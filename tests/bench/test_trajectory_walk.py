@@ -85,6 +85,20 @@ def test_a_reader_reads_each_function_once_and_counts_doors_moves_and_returns_pe
     assert (read["moves"], read["returns"], read["run_returns"], read["modules"]) == (6, 2, 1, 6)
 
 
+def test_a_functions_comprehensions_and_closures_are_read_with_it_not_as_returns():
+    # f calls a helper elsewhere, then its own list comprehension and a closure run: the reader read
+    # both with f. A new function of f's module after the helper is a return, as before.
+    events = [
+        call("client.a:f", None),
+        call("protocol.x:g", "client.a"),
+        call("client.a:f.<locals>.<listcomp>", "client.a"),
+        call("client.a:f.<locals>.inner.<locals>.<genexpr>", "client.a"),
+    ]
+    assert bench.read_walk(events)["returns"] == 0
+    assert bench.read_walk([*events, call("client.a:h", "client.a")])["returns"] == 1
+    assert bench.outermost("client.a:C.m.<locals>.<lambda>") == "client.a:C.m"
+
+
 def test_real_calls_into_served_names_count_from_the_nearest_caller_of_ours_or_from_a_thread():
     from server.sampling.served_names import ServedModels
 
