@@ -7,6 +7,7 @@ is a separate process exactly as in production; nothing here imports torch.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +41,7 @@ class LocalServer:
         self.log_path = log or self.data_dir / f"server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
+        self._killed = False  # by kill(): a crash the caller provoked, not one to report
 
     @property
     def url(self) -> str:
@@ -83,10 +85,25 @@ class LocalServer:
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as in a crash."""
         if self.proc and self.proc.poll() is None:
+            self._killed = True
             self.proc.kill()
             self.proc.wait()
 
+    def died(self) -> str | None:
+        """Why the server stopped on its own while it was in use, with the end of its log; None if it
+        is running, stopped cleanly, or was stopped by this object. A client sees only refused
+        connections when its server dies (the kernel's out-of-memory killer sends SIGKILL)."""
+        code = self.proc.poll() if self.proc else None
+        if code in (None, 0) or self._killed:
+            return None
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+        oom = (" (SIGKILL from outside is most often the kernel's out-of-memory killer)"
+               if code == -signal.SIGKILL else "")
+        return f"art-server {how} while in use{oom}; the end of its log:\n{self._log_tail()}"
+
     def stop(self) -> None:
+        if (cause := self.died()) is not None:
+            print(cause, file=sys.stderr, flush=True)
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -1,9 +1,11 @@
-"""LocalServer's start errors quote the server's log, since the log may be in a scratch directory
-that the caller removes as the error unwinds."""
+"""LocalServer's start errors, and a server's death while in use, quote the server's log, since the log
+may be in a scratch directory that the caller removes as the error unwinds."""
 
 from __future__ import annotations
 
+import re
 import stat
+import sys
 
 import pytest
 
@@ -24,3 +26,45 @@ def test_a_server_that_never_answers_is_stopped_and_reported_with_its_log(tmp_pa
     with pytest.raises(RuntimeError, match="(?s)did not answer /health within 1s:.*still loading the model"):
         server.start(timeout=1)
     assert server.proc.poll() is not None
+
+
+def test_a_server_that_dies_while_in_use_is_reported_with_its_cause_and_log_when_stopped(tmp_path, capsys):
+    flaky = tmp_path / "flaky-python"  # stands in for the interpreter: serves /health once, then dies
+    flaky.write_text("#!/bin/sh\n"
+                     "echo 'loaded the model'\n"
+                     f"exec {sys.executable} -c \"\n"
+                     "import http.server, sys\n"
+                     "class H(http.server.BaseHTTPRequestHandler):\n"
+                     "    def do_GET(self):\n"
+                     "        self.send_response(200); self.end_headers()\n"
+                     "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+                     "http.server.HTTPServer(('127.0.0.1', port), H).handle_request()\n"
+                     "print('out of patience', flush=True)\n"
+                     "sys.exit(3)\n"
+                     "\" \"$@\"\n")
+    flaky.chmod(flaky.stat().st_mode | stat.S_IXUSR)
+    with LocalServer(tmp_path / "data", python=str(flaky)) as server:
+        server.proc.wait(timeout=30)
+        assert "art-server exited with 3 while in use" in server.died()
+    assert re.search("(?s)art-server exited with 3 while in use; the end of its log:.*loaded the model"
+                     ".*out of patience", capsys.readouterr().err)
+
+
+def test_a_server_killed_by_its_caller_or_stopped_cleanly_is_not_reported(tmp_path, capsys):
+    silent = tmp_path / "serving-python"
+    silent.write_text("#!/bin/sh\n"
+                      f"exec {sys.executable} -c \"\n"
+                      "import http.server, sys\n"
+                      "class H(http.server.BaseHTTPRequestHandler):\n"
+                      "    def do_GET(self):\n"
+                      "        self.send_response(200); self.end_headers()\n"
+                      "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+                      "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n"
+                      "\" \"$@\"\n")
+    silent.chmod(silent.stat().st_mode | stat.S_IXUSR)
+    with LocalServer(tmp_path / "a", python=str(silent)) as server:
+        server.kill()
+        assert server.died() is None
+    with LocalServer(tmp_path / "b", python=str(silent)) as server:
+        assert server.died() is None
+    assert "art-server" not in capsys.readouterr().err
