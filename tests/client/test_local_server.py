@@ -28,22 +28,28 @@ def test_a_server_that_never_answers_is_stopped_and_reported_with_its_log(tmp_pa
     assert server.proc.poll() is not None
 
 
+def health_only_python(path, serve: str):
+    """A stand-in for the interpreter that answers /health on the port it is given, `serve` being
+    how long: `handle_request()` (once, then it prints a line and exits 3) or `serve_forever()`."""
+    path.write_text("#!/bin/sh\n"
+                    "echo 'loaded the model'\n"
+                    f"exec {sys.executable} -c \"\n"
+                    "import http.server, sys\n"
+                    "class H(http.server.BaseHTTPRequestHandler):\n"
+                    "    def do_GET(self):\n"
+                    "        self.send_response(200); self.end_headers()\n"
+                    "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+                    f"http.server.HTTPServer(('127.0.0.1', port), H).{serve}\n"
+                    "print('out of patience', flush=True)\n"
+                    "sys.exit(3)\n"
+                    "\" \"$@\"\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
 def test_a_server_that_dies_while_in_use_is_reported_with_its_cause_and_log_when_stopped(tmp_path, capsys):
-    flaky = tmp_path / "flaky-python"  # stands in for the interpreter: serves /health once, then dies
-    flaky.write_text("#!/bin/sh\n"
-                     "echo 'loaded the model'\n"
-                     f"exec {sys.executable} -c \"\n"
-                     "import http.server, sys\n"
-                     "class H(http.server.BaseHTTPRequestHandler):\n"
-                     "    def do_GET(self):\n"
-                     "        self.send_response(200); self.end_headers()\n"
-                     "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
-                     "http.server.HTTPServer(('127.0.0.1', port), H).handle_request()\n"
-                     "print('out of patience', flush=True)\n"
-                     "sys.exit(3)\n"
-                     "\" \"$@\"\n")
-    flaky.chmod(flaky.stat().st_mode | stat.S_IXUSR)
-    with LocalServer(tmp_path / "data", python=str(flaky)) as server:
+    flaky = health_only_python(tmp_path / "flaky-python", "handle_request()")
+    with LocalServer(tmp_path / "data", python=flaky) as server:
         server.proc.wait(timeout=30)
         assert "art-server exited with 3 while in use" in server.died()
     assert re.search("(?s)art-server exited with 3 while in use; the end of its log:.*loaded the model"
@@ -51,20 +57,10 @@ def test_a_server_that_dies_while_in_use_is_reported_with_its_cause_and_log_when
 
 
 def test_a_server_killed_by_its_caller_or_stopped_cleanly_is_not_reported(tmp_path, capsys):
-    silent = tmp_path / "serving-python"
-    silent.write_text("#!/bin/sh\n"
-                      f"exec {sys.executable} -c \"\n"
-                      "import http.server, sys\n"
-                      "class H(http.server.BaseHTTPRequestHandler):\n"
-                      "    def do_GET(self):\n"
-                      "        self.send_response(200); self.end_headers()\n"
-                      "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
-                      "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n"
-                      "\" \"$@\"\n")
-    silent.chmod(silent.stat().st_mode | stat.S_IXUSR)
-    with LocalServer(tmp_path / "a", python=str(silent)) as server:
+    serving = health_only_python(tmp_path / "serving-python", "serve_forever()")
+    with LocalServer(tmp_path / "a", python=serving) as server:
         server.kill()
         assert server.died() is None
-    with LocalServer(tmp_path / "b", python=str(silent)) as server:
+    with LocalServer(tmp_path / "b", python=serving) as server:
         assert server.died() is None
     assert "art-server" not in capsys.readouterr().err
