@@ -9,7 +9,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 FIRST_PER_WINDOW = 5
 WINDOW_S = 10.0
@@ -24,16 +24,17 @@ class _Seen:
 
 
 class CollapseRepeats(logging.Filter):
-    def __init__(self, first: int = FIRST_PER_WINDOW, window: float = WINDOW_S):
+    def __init__(self, first: int = FIRST_PER_WINDOW, window: float = WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic):
         super().__init__()
-        self.first, self.window = first, window
+        self.first, self.window, self.clock = first, window, clock
         self._seen: dict[tuple[str, int, str], _Seen] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
         key = (record.name, record.levelno, str(record.msg))
-        now = time.monotonic()
+        now = self.clock()
         seen = self._seen.get(key)
         if seen is None or now - seen.start >= self.window:
             if len(self._seen) >= MAX_KINDS:
