@@ -1,10 +1,10 @@
 """A real model learns: GRPO through art-server raises SmolLM2-135M-Instruct's held-out accuracy.
 
-The task is bench/learn.py's (examples/reasoning_gym: leg_counting, two solved questions as earlier
-turns, reasoning-gym's own score), on a budget small enough for CI's 2 cores: STEPS steps of
-PROMPTS x GROUP seeded samples at art-server's default learning rate, held-out accuracy answered
-greedily before and after, so the figure is neither sampling luck nor evaluation noise. Every
-step must also be token-exact: no prompt mismatch and an on-policy logprob gap below 1e-3.
+The task is bench/learn.py's (examples/reasoning_gym: leg_counting, the same two solved questions
+as earlier turns before every question, reasoning-gym's own score), on a budget small enough for
+CI's 2 cores: STEPS steps of PROMPTS x GROUP seeded samples at art-server's default learning rate,
+held-out accuracy answered greedily before and after, so the figure is neither sampling luck nor
+evaluation noise. Every step must also be token-exact: no prompt mismatch and an on-policy logprob gap below 1e-3.
 
 Run by `make test-learn` (CI calls it); the figures of its runs are in the README.
 """
@@ -24,6 +24,9 @@ STEPS, PROMPTS, GROUP = 8, 4, 8
 HELD_OUT = 64
 MAX_TOKENS = 8
 RISE = 0.10  # asserted; the runs measured are in the README
+# The prompt RISE was measured with: 0.109 -> 0.312. The example's default, drawn shots, starts lower
+# on leg_counting and rose 0.039 -> 0.156 in one run here, too near RISE for a test that must not flake.
+PROMPT = "fewshot"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ def smollm2(tmp_path_factory):
 
 async def _accuracy(client, model: str, rows) -> float:
     async def one(row) -> float:
-        r = await client.chat.completions.create(model=model, messages=task.messages(row, task.PROMPT),
+        r = await client.chat.completions.create(model=model, messages=task.messages(row, PROMPT),
                                                  temperature=0.0, max_tokens=MAX_TOKENS)
         return task.score(r.choices[0].message.content, row)
 
@@ -45,7 +48,7 @@ async def _accuracy(client, model: str, rows) -> float:
 
 
 async def _group(client, model: str, row, seed: int) -> TrajectoryGroup:
-    msgs = task.messages(row, task.PROMPT)
+    msgs = task.messages(row, PROMPT)
     r = await client.chat.completions.create(model=model, messages=msgs, n=GROUP, temperature=1.0,
                                              max_tokens=MAX_TOKENS, seed=seed)
     return TrajectoryGroup(trajectories=[Trajectory(messages_and_choices=msgs + [c],
