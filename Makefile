@@ -6,9 +6,9 @@ PIP := .venv/bin/pip
 # since only pip reads this machine's pip configuration, which finds the CPU wheel on local disk.
 UV := .venv/bin/uv
 UV_VERSION := 0.13.9
-# Compiled at install, as pip does: otherwise each package compiles on its first import, in whatever
-# process imports it first, and prints its SyntaxWarnings there (reasoning-gym's cellpylib has four),
-# into a CLI's one-line error.
+# Compiled at install, as pip does: a package left as source compiles on import, in every process
+# where PYTHONDONTWRITEBYTECODE is set (this machine sets it; the Ray suite took twice as long), and
+# prints its SyntaxWarnings (reasoning-gym's cellpylib has four) into a CLI's one-line error.
 export UV_COMPILE_BYTECODE := 1
 STAMP := .venv/.installed
 PORT ?= 8765
