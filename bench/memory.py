@@ -17,6 +17,13 @@ own peak (VmHWM, reset at every phase boundary) catches what falls between sampl
     python bench/memory.py --models smollm2 --server-arg=--memory-budget --server-arg=3
 
 Figures are GB (10^9 bytes). Nothing is timed.
+
+`--long-prompts N` measures the engine's K/V budget instead: N concurrent chat requests on
+SmolLM2, each a distinct prompt of about 4,400 tokens (a group of long agent turns), against a
+server with its default `--kv-cache-mb` and against one whose budget binds nothing; the peak of
+each, the budget, and the seconds the requests took.
+
+    python bench/memory.py --long-prompts 16
 """
 
 from __future__ import annotations
@@ -189,11 +196,66 @@ def measure(name: str, spec: dict[str, Any], work: Path, server_args: list[str])
             "server": " ".join(["art-server", *extra]), "client": " ".join(["python -m client.train", *cmd[3:]])}
 
 
+LONG_PROMPT_WORDS = 1500  # about 4,400 tokens under SmolLM2's template
+UNBOUNDED_MB = 2**20  # a K/V budget of 1 TiB: rows are bounded by --max-batch alone
+
+
+def long_prompt(i: int) -> str:
+    words = "apple pear river stone cloud seven green table window music paper light ocean forest bread".split()
+    return f"{i}: " + " ".join(f"{words[(i * 7 + j * 3 + j // 5) % len(words)]}{(i + j) % 97}"
+                               for j in range(LONG_PROMPT_WORDS))
+
+
+def long_prompts(n: int, work: Path, server_args: list[str]) -> dict[str, Any]:
+    """The server's peak while it answers `n` concurrent long prompts (16 new tokens each)."""
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    from tests.real_models import CACHE, smollm2_gguf
+
+    server = LocalServer(work, extra=["--device", "cpu", "--cache-dir", str(CACHE), "--model", str(smollm2_gguf()),
+                                      *server_args])
+
+    async def ask(model: str) -> list[int]:
+        async with AsyncOpenAI(base_url=server.url + "/v1", api_key="-", timeout=3600) as client:
+            async def one(i: int) -> int:
+                reply = await client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": long_prompt(i)}], max_tokens=16)
+                return reply.usage.prompt_tokens
+            return await asyncio.gather(*(one(i) for i in range(n)))
+
+    server.start(timeout=600)
+    try:
+        health = httpx.get(server.url + "/health").json()
+        model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        procs = tree(server.proc.pid)
+        before = resident(procs)
+        kernel_peak(procs, reset=True)
+        started = time.perf_counter()
+        tokens = asyncio.run(ask(model))
+        seconds = time.perf_counter() - started
+        peak = kernel_peak(procs, reset=False)
+    finally:
+        server.stop()
+    return {"kv_cache_mb": health["kv_cache"]["budget_mb"], "prompt_tokens": max(tokens),
+            "before_gb": round(before / GB, 2), "peak_gb": round(peak / GB, 2), "seconds": round(seconds, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="embedded,smollm2,gemma3", help="comma-separated: embedded, smollm2, gemma3")
     ap.add_argument("--server-arg", action="append", default=[], help="one more art-server argument (repeat)")
+    ap.add_argument("--long-prompts", type=int, metavar="N", help="the K/V budget's bench (above), N requests")
     a = ap.parse_args()
+    if a.long_prompts:
+        result = {"bench": "memory", "long_prompts": a.long_prompts, "unit": "GB, peak resident memory of the server"}
+        with tempfile.TemporaryDirectory(prefix="bench-memory-") as scratch:
+            for name, extra in (("default_budget", []), ("unbounded", ["--kv-cache-mb", str(UNBOUNDED_MB)])):
+                result[name] = long_prompts(a.long_prompts, Path(scratch) / name, [*a.server_arg, *extra])
+                print(f"{name}: {json.dumps(result[name])}", file=sys.stderr, flush=True)
+        print(json.dumps(result))
+        return
     specs = models()
     names = [n for n in a.models.split(",") if n]
     unknown = [n for n in names if n not in specs]

@@ -99,6 +99,11 @@ class Settings(BaseModel):
     max_waiting: int = Field(default=512, description="Sequences queued before requests get 503.")
     prefix_cache_mb: int = Field(default=1024, description="MiB of recent long prompts' K/V (the torch engine) that a "
                                  "prompt opening the same way reuses instead of prefilling again (0: off).")
+    kv_cache_mb: int | None = Field(default=None, description="MiB the torch engine's running rows may hold in K/V; "
+                                    "a row that would take the batch past it waits for rows to finish (rows that "
+                                    "join copy the batch once, so it may briefly take twice this). Default: an "
+                                    "eighth of the memory the device has available when the server starts, at least "
+                                    "2048.")
     max_request_bytes: int = Field(default=64 * 1024 * 1024, description="Larger request bodies get 413.")
     # Sessions recorded by the server (server/harness/sessions.py) and responses kept for previous_response_id.
     session_ttl: float = Field(default=3600.0, description="Seconds a recorded session (and a response kept for "

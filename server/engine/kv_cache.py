@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+HEADROOM = 64  # columns allocated past a batch's width when it is built, grown or joined: decode steps to come
+
 
 class SlabLayer(DynamicLayer):
     """One layer's K/V in a preallocated [B, H, capacity, D] buffer; `update` writes in place."""
@@ -77,6 +79,10 @@ class BatchKV:
         return len(self.lengths)
 
     @property
+    def nbytes(self) -> int:
+        return sum(b.nelement() * b.element_size() for b in (*self.kbufs, *self.vbufs))
+
+    @property
     def capacity(self) -> int:
         return self.kbufs[0].shape[2] if self.kbufs else 0
 
@@ -93,7 +99,7 @@ class BatchKV:
         need = self.width + extra
         if need <= self.capacity:
             return
-        new_cap = max(need, 2 * self.capacity, 64)
+        new_cap = max(need, 2 * self.capacity, HEADROOM)
         self.kbufs = [_regrow(b, new_cap, 0, self.width) for b in self.kbufs]
         self.vbufs = [_regrow(b, new_cap, 0, self.width) for b in self.vbufs]
 
@@ -107,7 +113,7 @@ class BatchKV:
     def extend(self, other: "BatchKV") -> None:
         """Append `other`'s rows, right-aligning both to the wider of the two."""
         width = max(self.width, other.width)
-        cap = max(width + 64, self.capacity, other.capacity)
+        cap = max(width + HEADROOM, self.capacity, other.capacity)
         self.kbufs = [_stack(a, self.width, b, other.width, width, cap) for a, b in zip(self.kbufs, other.kbufs)]
         self.vbufs = [_stack(a, self.width, b, other.width, width, cap) for a, b in zip(self.vbufs, other.vbufs)]
         self.width = width
@@ -136,7 +142,7 @@ class BatchKV:
         new_width = max(lengths, default=0)
         start = self.width - new_width
         index = torch.tensor(rows, dtype=torch.long, device=self.kbufs[0].device)
-        cap = max(new_width + 64, 64)
+        cap = new_width + HEADROOM
         self.kbufs = [_regrow(b.index_select(0, index), cap, start, self.width) for b in self.kbufs]
         self.vbufs = [_regrow(b.index_select(0, index), cap, start, self.width) for b in self.vbufs]
         self.width, self.lengths = new_width, lengths

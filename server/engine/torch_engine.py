@@ -8,6 +8,13 @@ join at the next step boundary instead of waiting for a batch to drain, and 32 c
 cost about one batched generate. One request never holds more than half the rows, so a large `n`
 cannot shut everyone else out.
 
+The rows' K/V has a budget (`--kv-cache-mb`) besides the row count: a waiting row joins only while
+the batch's K/V with it (every row as wide as the widest, since rows are right-aligned) stays within
+it, and a row that does not fit keeps its place at the head of the queue: rows are otherwise
+bounded by count alone, and 64 rows of a long-context agent's turns (4-8k tokens) hold 13-26 GB
+of K/V on SmolLM2-135M (`bench/memory.py --long-prompts N` measures it). The budget is checked as
+rows join; rows already decoding keep growing by one column a step.
+
 A retired row leaves its slot in the batch free rather than copying the batch's K/V without it,
 and rows that join take free slots when their prompts fit (copying only their own K/V): agents
 finish turns one by one and send the next a tool call later. Joining rows that do not fit are
@@ -26,11 +33,11 @@ import torch
 
 from server.engine.base import EngineError, EngineFull, GenRequest, DecodeSequence, record_token
 from server.engine.constraints import ConstraintState
-from server.engine.kv_cache import BatchKV
+from server.engine.kv_cache import HEADROOM, BatchKV
 from server.engine.prefix_cache import Hit, PrefixCache
 from server.engine.sampling import sample
 from server.model.memory import trim
-from server.model.host import ModelHost
+from server.model.host import ModelHost, available_memory
 
 if TYPE_CHECKING:
     from server.settings import Settings
@@ -40,6 +47,12 @@ log = logging.getLogger("artisan.engine")
 
 # Padded tokens of one prefill forward of short prompts: a bound on its activations.
 PREFILL_TOKENS = 8192
+# The rows' K/V budget by default: this fraction of the device's available memory at the start
+# (a join briefly doubles it, and the prefix cache and a long prompt's prefill come on top), but
+# not below the floor: a server started beside a busy trainer still decodes 64 rows of short prompts
+# and four of tau2's 8k-token turns.
+KV_SHARE = 8
+KV_FLOOR_MB = 2048
 
 
 def _chunks(groups: list[list[DecodeSequence]], budget: int) -> list[list[list[DecodeSequence]]]:
@@ -57,10 +70,11 @@ def _chunks(groups: list[list[DecodeSequence]], budget: int) -> list[list[list[D
 class TorchEngine:
     max_lora_rank = None
 
-    def __init__(self, host: ModelHost, max_batch: int, max_waiting: int, prefix_cache_mb: int):
+    def __init__(self, host: ModelHost, max_batch: int, max_waiting: int, prefix_cache_mb: int, kv_cache_mb: int):
         self.host = host
         self.prefix = PrefixCache(prefix_cache_mb * 2**20)
         self.max_batch = max_batch
+        self.kv_budget = kv_cache_mb * 2**20
         self.max_waiting = max_waiting
         self.rows_per_request = max(1, max_batch // 2)
         self._waiting: deque[DecodeSequence] = deque()
@@ -74,11 +88,14 @@ class TorchEngine:
         self._layers = cfg.num_hidden_layers
         self._kv_heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
         self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # One column of one row: its key and value in every layer.
+        self._column_bytes = 2 * self._layers * self._kv_heads * self._head_dim * host.dtype.itemsize
 
     @classmethod
     def from_settings(cls, host: ModelHost, settings: Settings) -> TorchEngine:
+        kv_cache_mb = settings.kv_cache_mb or max(KV_FLOOR_MB, available_memory(host.device) // KV_SHARE // 2**20)
         return cls(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting,
-                   prefix_cache_mb=settings.prefix_cache_mb)
+                   prefix_cache_mb=settings.prefix_cache_mb, kv_cache_mb=kv_cache_mb)
 
     # ---- Engine ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -116,7 +133,9 @@ class TorchEngine:
 
     @property
     def load(self) -> dict[str, Any]:
-        return {"running": len(self._live()), "waiting": len(self._waiting), "prefix_cache": self.prefix.figures}
+        kv = self._kv
+        return {"running": len(self._live()), "waiting": len(self._waiting), "prefix_cache": self.prefix.figures,
+                "kv_cache": {"budget_mb": self.kv_budget // 2**20, "held_mb": (kv.nbytes if kv else 0) // 2**20}}
 
     @property
     def alive(self) -> bool:
@@ -153,10 +172,13 @@ class TorchEngine:
                 trim()  # the batch's K/V and prefill buffers go back to the machine while nothing decodes
 
     def _admit(self) -> list[DecodeSequence]:
-        """Waiting sequences in arrival order, as rows allow, at most `rows_per_request` each."""
-        free = self.max_batch - len(self._live())
+        """Waiting sequences in arrival order, as rows and the K/V budget allow, at most
+        `rows_per_request` each. A batch with no row takes the first whatever its size."""
+        live = self._live()
+        free, rows = self.max_batch - len(live), len(live)
+        width = self._kv.width if self._kv is not None else 0
         held: dict[int, int] = {}
-        for s in self._live():
+        for s in live:
             held[s.request.id] = held.get(s.request.id, 0) + 1
         admitted, deferred = [], deque()
         while self._waiting and free > 0:
@@ -166,11 +188,19 @@ class TorchEngine:
             if held.get(s.request.id, 0) >= self.rows_per_request:
                 deferred.append(s)
                 continue
+            wider = max(width, len(s.request.prompt_ids))
+            if rows and self.kv_bytes(rows + 1, wider) > self.kv_budget:
+                self._waiting.appendleft(s)  # first in line once rows retire
+                break
             held[s.request.id] = held.get(s.request.id, 0) + 1
             admitted.append(s)
-            free -= 1
+            free, rows, width = free - 1, rows + 1, wider
         self._waiting.extendleft(reversed(deferred))
         return admitted
+
+    def kv_bytes(self, rows: int, width: int) -> int:
+        """The K/V of `rows` right-aligned rows `width` columns wide, with the columns allocated past it."""
+        return rows * (width + HEADROOM) * self._column_bytes
 
     def _prefill(self, seqs: list[DecodeSequence]) -> None:
         by_prompt: dict[tuple, list[DecodeSequence]] = {}  # (adapter, ids) -> the rows that sample from it
@@ -238,7 +268,7 @@ class TorchEngine:
         return kv, out.logits[:, -1, :]
 
     def _empty_kv(self, rows: int, prompt_length: int) -> BatchKV:
-        return BatchKV.empty(self._layers, rows, self._kv_heads, self._head_dim, prompt_length + 64,
+        return BatchKV.empty(self._layers, rows, self._kv_heads, self._head_dim, prompt_length + HEADROOM,
                              self.host.dtype, self.host.device)
 
     def _live(self) -> list[DecodeSequence]:

@@ -50,7 +50,7 @@ def test_prompts_of_different_lengths_prefill_in_one_forward_with_each_row_s_exa
         return forward(input_ids, adapters, **kwargs)
 
     monkeypatch.setattr(host, "forward", counted)
-    engine = TorchEngine(host, max_batch=32, max_waiting=64, prefix_cache_mb=0)
+    engine = TorchEngine(host, max_batch=32, max_waiting=64, prefix_cache_mb=0, kv_cache_mb=1024)
     done = threading.Semaphore(0)
     requests = []
     for i, prompt in enumerate(prompts):
@@ -105,7 +105,7 @@ def _sample(engine: TorchEngine, prompt: list[int], seed: int, n: int = 1) -> Ge
 def test_a_finished_turn_s_kv_serves_the_next_turn_which_prefills_only_its_new_tokens(host):
     tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 40).input_ids
     prompt = tokens[:PREFIX_CACHE_MIN + 4]
-    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=256)
+    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=256, kv_cache_mb=1024)
     engine.start()
     try:
         first = _sample(engine, prompt, seed=1, n=2)  # two replies: each its own entry
@@ -141,7 +141,7 @@ def test_rows_leave_and_join_through_free_slots_without_copying_the_batch(host, 
         original = getattr(BatchKV, name)
         monkeypatch.setattr(BatchKV, name, lambda self, *a, _f=original, _n=name: (copies.append(_n), _f(self, *a))[1])
     tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 4).input_ids
-    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0)
+    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024)
 
     def request(prompt, max_tokens, seed):
         req = GenRequest(prompt_ids=prompt, params=SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed,
@@ -167,6 +167,52 @@ def test_rows_leave_and_join_through_free_slots_without_copying_the_batch(host, 
         assert seq.finish_reason == "length" and len(seq.token_ids) == req.params.max_tokens
         want = _reference(host, req.prompt_ids, seq.token_ids, 1.0)
         assert (torch.tensor(seq.logprobs) - want).abs().max().item() <= 1e-4
+
+
+def test_rows_join_only_while_the_batch_s_kv_fits_its_budget_and_keep_their_order(host):
+    tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 8).input_ids
+    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024)
+    engine.kv_budget = engine.kv_bytes(2, 40)  # two rows of a 40-token prompt, not three
+
+    def request(prompt, max_tokens):
+        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=len(prompt), ignore_eos=True)
+        req = GenRequest(prompt_ids=prompt, params=params, policy=Policy("base", None, None, 0), n=1,
+                         emit=lambda *a: None)
+        engine.submit(req)
+        return req
+
+    first, second = request(tokens[:40], 3), request(tokens[1:41], 8)
+    wide, short = request(tokens[:60], 4), request(tokens[2:22], 4)  # wide waits; short, though it fits, behind it
+    _step(engine)
+    assert engine._live() == [*first.sequences, *second.sequences] and len(engine._waiting) == 2
+    while first.sequences[0].finish_reason is None:
+        _step(engine)
+    _step(engine)  # first's slot is free, but second and wide at 60 columns do not fit
+    assert engine._live() == second.sequences and list(engine._waiting) == [*wide.sequences, *short.sequences]
+    while second.sequences[0].finish_reason is None:
+        _step(engine)
+    _step(engine)  # an empty batch takes the head of the queue whatever its size; short comes after it
+    assert engine._live()[0] is wide.sequences[0]
+    while engine._rows or engine._waiting:
+        assert len(engine._live()) <= 2
+        _step(engine)
+    for req in (first, second, wide, short):
+        seq = req.sequences[0]
+        assert seq.finish_reason == "length" and len(seq.token_ids) == req.params.max_tokens
+        want = _reference(host, req.prompt_ids, seq.token_ids, 1.0)
+        assert (torch.tensor(seq.logprobs) - want).abs().max().item() <= 1e-4
+
+
+def test_the_kv_budget_is_the_setting_or_an_eighth_of_the_memory_available_at_the_start_with_a_floor(host, monkeypatch):
+    from server.engine import torch_engine
+    from server.settings import Settings
+
+    engine = TorchEngine.from_settings(host, Settings(kv_cache_mb=3))
+    assert engine.kv_budget == 3 * 2**20 and engine.load["kv_cache"] == {"budget_mb": 3, "held_mb": 0}  # /health's
+    monkeypatch.setattr(torch_engine, "available_memory", lambda device: 32 * 2**30)
+    assert TorchEngine.from_settings(host, Settings()).kv_budget == 4 * 2**30
+    monkeypatch.setattr(torch_engine, "available_memory", lambda device: 2**30)  # a busy machine: the floor
+    assert TorchEngine.from_settings(host, Settings()).kv_budget == 2 * 2**30
 
 
 @pytest.mark.unit
