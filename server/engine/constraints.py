@@ -1,5 +1,6 @@
 """Constrained decoding: `response_format` (json_object, json_schema) and `tool_choice` ("required"
-or a named function), compiled to llguidance grammars over the model's own tokenizer.
+or a named function), compiled to llguidance grammars over the model's own tokenizer. An object
+that lists its properties admits no others unless it says so (`closed`), as in vLLM.
 
 A constrained row samples from the allowed tokens only, but the logprob it reports is still the
 sampled token's under softmax(logits / T) before the mask, the same distribution the trainer
@@ -64,10 +65,39 @@ def _token(chat: ChatFormat, text: str) -> str:
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+# JSON Schema keywords whose values are schemas: one, a list, or a mapping of names to them.
+_SUBSCHEMA = ("items", "additionalItems", "contains", "propertyNames", "not", "if", "then", "else",
+              "additionalProperties", "unevaluatedProperties", "unevaluatedItems")
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with `"additionalProperties": false` on every object that lists its properties and
+    says nothing of any others, as xgrammar and outlines read a schema (and so vLLM by default):
+    the model is held to the keys it was given. Left open, a small model under a schema wanders into
+    keys of its own until max_tokens (the embedded model's `{"price": 7304467, "...._grade has"`)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(s) for name, s in out[key].items()}
+    if isinstance(out.get("properties"), dict) and not {"additionalProperties", "patternProperties"} & out.keys():
+        out["additionalProperties"] = False
+    return out
+
+
 def _call_schema(tools: list[Any], name_key: str, args_key: str) -> dict[str, Any]:
     options = [{"type": "object", "additionalProperties": False, "required": [name_key, args_key],
                 "properties": {name_key: {"const": t.function.name},
-                               args_key: t.function.parameters or {"type": "object"}}} for t in tools]
+                               args_key: closed(t.function.parameters or {"type": "object"})}} for t in tools]
     return {"x-guidance": JSON_STYLE, **(options[0] if len(options) == 1 else {"anyOf": options})}
 
 
@@ -98,7 +128,8 @@ def constraint_for(chat: ChatFormat, response_format: Any, tool_choice: Any, too
         grammar = llguidance.LLMatcher.grammar_from_lark(_tool_grammar(chat, chosen, parallel_tool_calls))
         what = "tool_choice"
     elif response_format is not None and response_format.type != "text":
-        schema = response_format.json_schema.schema_ if response_format.type == "json_schema" else {"type": "object"}
+        json_schema = response_format.type == "json_schema"
+        schema = closed(response_format.json_schema.schema_) if json_schema else {"type": "object"}
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
         except ValueError as e:

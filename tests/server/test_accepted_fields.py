@@ -2,6 +2,7 @@
 on the embedded model, through the real `openai` and `anthropic` SDKs, a field the server cannot
 honour (`top_k`) or a value Anthropic does not define (`thinking.type`, `thinking.budget_tokens`)
 is a 400 naming the field, and `text.format` constrains the answer as chat's `response_format` does.
+A schema's objects admit only the properties they list, unless they say otherwise, as in vLLM.
 """
 
 from __future__ import annotations
@@ -49,6 +50,24 @@ def test_responses_text_format_json_schema_constrains_the_answer(oai):
                              text={"format": {"type": "json_schema", "name": "s", "schema": SCHEMA}})
     assert set(json.loads(r.output_text)) == {"score"}
     assert r.text.format.type == "json_schema"
+
+
+def test_a_schema_that_lists_properties_gets_those_keys_only_as_in_vllm(oai):
+    # No "additionalProperties": JSON Schema would admit any other key, and the embedded model
+    # under it wrote keys of its own until max_tokens; xgrammar, outlines and so vLLM admit none.
+    schema = {"type": "object", "properties": {"price": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["price"]}
+    tool = {"type": "function", "function": {"name": "answer", "parameters": schema}}
+    for seed in range(3):
+        r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Apple price is 7."}],
+                                        max_tokens=48, seed=seed, response_format={
+                                            "type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+        assert set(json.loads(r.choices[0].message.content)) == {"price"}, r.choices[0].message.content
+        r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Apple price is 7."}],
+                                        max_tokens=48, seed=seed, tools=[tool],
+                                        tool_choice={"type": "function", "function": {"name": "answer"}})
+        (call,) = r.choices[0].message.tool_calls
+        assert set(json.loads(call.function.arguments)) == {"price"}, call.function.arguments
 
 
 def test_responses_plain_text_format_still_samples(oai):
