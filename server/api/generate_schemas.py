@@ -15,11 +15,7 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from protocol.choices import INT64
-from server.sampling.chat_request import MAX_STOPS
-
-# vLLM's values that leave sampling as it is.
-NEUTRAL = {"top_k": (-1, 0), "min_p": (0.0,), "repetition_penalty": (1.0,), "presence_penalty": (0.0,),
-           "frequency_penalty": (0.0,)}
+from server.sampling.chat_request import MAX_STOPS, NEUTRAL, check_neutral
 
 
 def _nulls_dropped(data: Any) -> Any:
@@ -60,11 +56,7 @@ class GenerateSamplingParams(BaseModel):
     @field_validator(*NEUTRAL)
     @classmethod
     def _neutral(cls, v: float | None, info: ValidationInfo) -> float | None:
-        allowed = NEUTRAL[info.field_name]
-        if v is not None and v not in allowed:
-            raise ValueError(f"art-server samples with temperature and top_p only; {info.field_name} must be "
-                             f"{' or '.join(map(str, allowed))} (or absent)")
-        return v
+        return check_neutral(info.field_name, v)
 
     @field_validator("n")
     @classmethod

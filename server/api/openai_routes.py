@@ -1,4 +1,4 @@
-"""`GET /v1/models` and `POST /v1/chat/completions`, OpenAI-compatible.
+"""`GET /v1/models`, `GET /v1/models/{model}` and `POST /v1/chat/completions`, OpenAI-compatible.
 
 The request goes the one path every face shares (server/sampling/completions.py) and is answered with
 choices that carry what training needs (server/sampling/choices.py); the response carries
@@ -21,7 +21,7 @@ from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.sampling import completions
 from server.sampling.chat_request import ChatCompletionRequest
-from server.sampling.engine_requests import served_names
+from server.sampling.engine_requests import acquire_policy, served_names
 from server.sampling.streaming import stream_chunks
 from server.state import ServerState
 
@@ -29,12 +29,21 @@ router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedR
                    responses=documented(401, 503))
 
 
+def _card(name: str, state: ServerState) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "artisan",
+            "max_model_len": state.host.context_window}
+
+
 @router.get("/v1/models")
 async def list_models(state: State, who: CallerDep) -> dict[str, Any]:
-    now = int(time.time())
-    return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": now, "owned_by": "artisan",
-         "max_model_len": state.host.context_window} for name in served_names(state, who)]}
+    return {"object": "list", "data": [_card(name, state) for name in served_names(state, who)]}
+
+
+@router.get("/v1/models/{model:path}", responses=documented(404, 409))
+async def retrieve_model(model: str, state: State, who: CallerDep) -> dict[str, Any]:
+    """Any name chat would sample from (`run@step` too), resolved as chat resolves it."""
+    state.runs.release(await acquire_policy(state, model, who))
+    return _card(model, state)
 
 
 @router.get("/v1/sessions/{session_id}/models")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator,
+                      model_validator)
 
 from protocol.choices import INT64
 from protocol.nesting import check_message_calls
@@ -49,6 +50,21 @@ def object_schema(v: dict[str, Any], field: str) -> dict[str, Any]:
         raise ValueError(f"{field}.required must be a list")
     return v
 
+
+
+# The values of vLLM's and OpenAI's sampling knobs that leave the distribution as it is. art-server
+# samples with temperature and top_p only; any other value is refused, naming the field, not
+# ignored: a choice whose logprobs are not of the distribution it was drawn from would train wrong.
+NEUTRAL = {"top_k": (-1, 0), "min_p": (0.0,), "repetition_penalty": (1.0,), "presence_penalty": (0.0,),
+           "frequency_penalty": (0.0,)}
+
+
+def check_neutral(name: str, v: float | None) -> float | None:
+    allowed = NEUTRAL[name]
+    if v is not None and v not in allowed:
+        raise ValueError(f"art-server samples with temperature and top_p only; {name} must be "
+                         f"{' or '.join(map(str, allowed))} (or absent)")
+    return v
 
 
 def _refuse_top_k(v: int | None) -> int | None:
@@ -118,7 +134,8 @@ ToolChoice = Annotated[Any, WithJsonSchema({"anyOf": [
 
 
 class ChatCompletionRequest(BaseModel):
-    # Unknown OpenAI parameters (user, frequency_penalty, ...) are accepted and ignored.
+    # Unknown parameters (user, metadata, store, ...) are accepted and ignored; those that would
+    # change the distribution sampled from are refused unless neutral (NEUTRAL, logit_bias).
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(max_length=300)
@@ -140,6 +157,24 @@ class ChatCompletionRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    top_k: int | None = None  # vLLM's extensions, as are min_p and repetition_penalty
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+    @field_validator(*NEUTRAL)
+    @classmethod
+    def _neutral(cls, v: float | None, info: ValidationInfo) -> float | None:
+        return check_neutral(info.field_name, v)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v and any(v.values()):
+            raise ValueError("logit_bias is not supported: the trainer cannot reproduce a biased distribution")
+        return v
 
     @field_validator("messages")
     @classmethod

@@ -1,4 +1,4 @@
-"""Fields the Responses and Messages APIs accept are honoured or refused, never silently ignored:
+"""Fields the Chat, Responses and Messages APIs accept are honoured or refused, never silently ignored:
 on the embedded model, through the real `openai` and `anthropic` SDKs, a field the server cannot
 honour (`top_k`) or a value Anthropic does not define (`thinking.type`, `thinking.budget_tokens`)
 is a 400 naming the field, and `text.format` constrains the answer as chat's `response_format` does.
@@ -43,6 +43,30 @@ def test_responses_refuses_what_it_cannot_honour_naming_the_field(oai, extra, fi
     assert e.value.status_code == 400
     assert e.value.body["param"].startswith(field), e.value.body
     assert field in e.value.body["message"]
+
+
+@pytest.mark.parametrize("field,value", [("presence_penalty", 0.5), ("frequency_penalty", -1.0),
+                                         ("logit_bias", {"50": 100}), ("top_k", 5), ("min_p", 0.1),
+                                         ("repetition_penalty", 1.1)])
+def test_chat_refuses_a_knob_that_would_change_the_distribution_naming_it(oai, field, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                    extra_body={field: value})
+    assert e.value.body["param"] == field and field in e.value.body["message"], e.value.body
+
+
+def test_chat_takes_the_neutral_values_clients_send_by_default(oai):
+    r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                    presence_penalty=0, frequency_penalty=0.0, logit_bias={}, user="u",
+                                    extra_body={"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0})
+    assert r.usage.completion_tokens == 2
+
+
+def test_a_model_is_retrieved_by_any_name_chat_samples_from(oai):
+    assert oai.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.models.retrieve("no-such-run@3")
+    assert e.value.body["code"] == "model_not_found" and MODEL in e.value.body["message"]
 
 
 def test_responses_text_format_json_schema_constrains_the_answer(oai):
