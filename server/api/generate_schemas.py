@@ -15,7 +15,7 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from protocol.choices import INT64
-from server.sampling.chat_request import MAX_STOPS, NEUTRAL, check_neutral
+from server.sampling.chat_request import MAX_STOPS, NeutralKnobs
 
 
 def _nulls_dropped(data: Any) -> Any:
@@ -23,7 +23,7 @@ def _nulls_dropped(data: Any) -> Any:
     return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
-class GenerateSamplingParams(BaseModel):
+class GenerateSamplingParams(NeutralKnobs):
     model_config = ConfigDict(extra="allow")
 
     temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
@@ -33,11 +33,6 @@ class GenerateSamplingParams(BaseModel):
     stop: Union[str, list[str], None] = Field(default=None, validate_default=True)
     stop_token_ids: list[Annotated[int, Field(ge=0, le=INT64)]] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     n: int | None = None
 
     @model_validator(mode="before")
@@ -52,11 +47,6 @@ class GenerateSamplingParams(BaseModel):
         if len(stops) > MAX_STOPS:
             raise ValueError(f"at most {MAX_STOPS} stop sequences")
         return [s for s in stops if s]
-
-    @field_validator(*NEUTRAL)
-    @classmethod
-    def _neutral(cls, v: float | None, info: ValidationInfo) -> float | None:
-        return check_neutral(info.field_name, v)
 
     @field_validator("n")
     @classmethod

@@ -59,12 +59,23 @@ NEUTRAL = {"top_k": (-1, 0), "min_p": (0.0,), "repetition_penalty": (1.0,), "pre
            "frequency_penalty": (0.0,)}
 
 
-def check_neutral(name: str, v: float | None) -> float | None:
-    allowed = NEUTRAL[name]
-    if v is not None and v not in allowed:
-        raise ValueError(f"art-server samples with temperature and top_p only; {name} must be "
-                         f"{' or '.join(map(str, allowed))} (or absent)")
-    return v
+class NeutralKnobs(BaseModel):
+    """The knobs of NEUTRAL, as the chat and generate routes take them."""
+
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    @field_validator(*NEUTRAL)
+    @classmethod
+    def _neutral(cls, v: float | None, info: ValidationInfo) -> float | None:
+        allowed = NEUTRAL[info.field_name]
+        if v is not None and v not in allowed:
+            raise ValueError(f"art-server samples with temperature and top_p only; {info.field_name} must be "
+                             f"{' or '.join(map(str, allowed))} (or absent)")
+        return v
 
 
 def _refuse_top_k(v: int | None) -> int | None:
@@ -133,7 +144,7 @@ ToolChoice = Annotated[Any, WithJsonSchema({"anyOf": [
     {"type": "null"}]})]
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(NeutralKnobs):
     # Unknown parameters (user, metadata, store, ...) are accepted and ignored; those that would
     # change the distribution sampled from are refused unless neutral (NEUTRAL, logit_bias).
     model_config = ConfigDict(extra="allow")
@@ -157,17 +168,7 @@ class ChatCompletionRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    top_k: int | None = None  # vLLM's extensions, as are min_p and repetition_penalty
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-
-    @field_validator(*NEUTRAL)
-    @classmethod
-    def _neutral(cls, v: float | None, info: ValidationInfo) -> float | None:
-        return check_neutral(info.field_name, v)
 
     @field_validator("logit_bias")
     @classmethod
