@@ -176,6 +176,7 @@ class TorchEngine:
         `rows_per_request` each. A batch with no row takes the first whatever its size."""
         live = self._live()
         free, rows = self.max_batch - len(live), len(live)
+        slots = len(self._rows)  # a retired row's slot keeps its K/V until the batch is compacted
         width = self._kv.width if self._kv is not None else 0
         held: dict[int, int] = {}
         for s in live:
@@ -189,7 +190,7 @@ class TorchEngine:
                 deferred.append(s)
                 continue
             wider = max(width, len(s.request.prompt_ids))
-            if rows and self.kv_bytes(rows + 1, wider) > self.kv_budget:
+            if rows and self.kv_bytes(max(slots, rows + 1), wider) > self.kv_budget:
                 self._waiting.appendleft(s)  # first in line once rows retire
                 break
             held[s.request.id] = held.get(s.request.id, 0) + 1

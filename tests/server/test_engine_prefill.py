@@ -203,6 +203,32 @@ def test_rows_join_only_while_the_batch_s_kv_fits_its_budget_and_keep_their_orde
         assert (torch.tensor(seq.logprobs) - want).abs().max().item() <= 1e-4
 
 
+def test_a_retired_row_s_slot_counts_against_the_budget_until_the_batch_is_compacted(host):
+    tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 8).input_ids
+    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024)
+    engine.kv_budget = engine.kv_bytes(4, 40)
+
+    def request(prompt, max_tokens):
+        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=len(prompt), ignore_eos=True)
+        req = GenRequest(prompt_ids=prompt, params=params, policy=Policy("base", None, None, 0), n=1,
+                         emit=lambda *a: None)
+        engine.submit(req)
+        return req
+
+    short = [request(tokens[i:i + 40], 2) for i in range(2)]
+    long = [request(tokens[i:i + 40], 12) for i in range(2, 4)]
+    _step(engine)
+    while any(r.sequences[0].finish_reason is None for r in short):
+        _step(engine)
+    assert len(engine._rows) == 4 and len(engine._live()) == 2  # two free slots, not yet compacted
+    wider = request(tokens[:50], 2)  # three live rows would fit at 50 columns; four slots do not
+    _step(engine)
+    assert wider.sequences[0] not in engine._live() and list(engine._waiting) == wider.sequences
+    while engine._rows or engine._waiting:
+        _step(engine)
+    assert all(r.sequences[0].finish_reason == "length" for r in (*short, *long, wider))
+
+
 def test_the_kv_budget_is_the_setting_or_an_eighth_of_the_memory_available_at_the_start_with_a_floor(host, monkeypatch):
     from server.engine import torch_engine
     from server.settings import Settings
