@@ -124,6 +124,24 @@ def test_a_finished_turn_s_kv_serves_the_next_turn_which_prefills_only_its_new_t
         engine.stop()
 
 
+def _submit(engine: TorchEngine, prompt: list[int], max_tokens: int, seed: int | None = None) -> GenRequest:
+    """One request of exactly `max_tokens` at temperature 1 (seeded by its length unless `seed`)."""
+    params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=len(prompt) if seed is None else seed,
+                            ignore_eos=True)
+    req = GenRequest(prompt_ids=prompt, params=params, policy=Policy("base", None, None, 0), n=1, emit=lambda *a: None)
+    engine.submit(req)
+    return req
+
+
+def _assert_exact(host: ModelHost, requests: list[GenRequest]) -> None:
+    """Each request sampled all its tokens, each logprob the model's over exactly prompt + completion."""
+    for req in requests:
+        seq = req.sequences[0]
+        assert seq.finish_reason == "length" and len(seq.token_ids) == req.params.max_tokens
+        want = _reference(host, req.prompt_ids, seq.token_ids, 1.0)
+        assert (torch.tensor(seq.logprobs) - want).abs().max().item() <= 1e-4
+
+
 def _step(engine: TorchEngine) -> None:
     """One iteration of the engine's loop, in this thread."""
     with torch.inference_mode():
@@ -143,30 +161,20 @@ def test_rows_leave_and_join_through_free_slots_without_copying_the_batch(host, 
     tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 4).input_ids
     engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024)
 
-    def request(prompt, max_tokens, seed):
-        req = GenRequest(prompt_ids=prompt, params=SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed,
-                                                                  ignore_eos=True),
-                         policy=Policy("base", None, None, 0), n=1, emit=lambda *a: None)
-        engine.submit(req)
-        return req
-
-    long_a, short_b, long_c = request(tokens[:30], 14, 1), request(tokens[:20], 3, 2), request(tokens[:25], 12, 3)
+    long_a, short_b, long_c = (_submit(engine, tokens[:30], 14, 1), _submit(engine, tokens[:20], 3, 2),
+                               _submit(engine, tokens[:25], 12, 3))
     _step(engine)
     slot = next(i for i, s in enumerate(engine._rows) if s is short_b.sequences[0])
     for _ in range(2):  # b finishes after its third token: its slot is free, nothing copied
         _step(engine)
     assert short_b.sequences[0].finish_reason == "length" and engine._rows[slot] is None and copies == []
-    joined = request(tokens[:12], 5, 4)  # shorter than the batch's width: it takes b's slot
+    joined = _submit(engine, tokens[:12], 5, 4)  # shorter than the batch's width: it takes b's slot
     _step(engine)
     assert engine._rows[slot] is joined.sequences[0] and copies == []
     while engine._rows:
         _step(engine)
     assert copies == ["keep"]  # one compaction, when more slots were free than in use
-    for req in (long_a, short_b, long_c, joined):
-        seq = req.sequences[0]
-        assert seq.finish_reason == "length" and len(seq.token_ids) == req.params.max_tokens
-        want = _reference(host, req.prompt_ids, seq.token_ids, 1.0)
-        assert (torch.tensor(seq.logprobs) - want).abs().max().item() <= 1e-4
+    _assert_exact(host, [long_a, short_b, long_c, joined])
 
 
 def test_rows_join_only_while_the_batch_s_kv_fits_its_budget_and_keep_their_order(host):
@@ -174,15 +182,9 @@ def test_rows_join_only_while_the_batch_s_kv_fits_its_budget_and_keep_their_orde
     engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024)
     engine.kv_budget = engine.kv_bytes(2, 40)  # two rows of a 40-token prompt, not three
 
-    def request(prompt, max_tokens):
-        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=len(prompt), ignore_eos=True)
-        req = GenRequest(prompt_ids=prompt, params=params, policy=Policy("base", None, None, 0), n=1,
-                         emit=lambda *a: None)
-        engine.submit(req)
-        return req
-
-    first, second = request(tokens[:40], 3), request(tokens[1:41], 8)
-    wide, short = request(tokens[:60], 4), request(tokens[2:22], 4)  # wide waits; short, though it fits, behind it
+    first, second = _submit(engine, tokens[:40], 3), _submit(engine, tokens[1:41], 8)
+    # wide waits; short, though it would fit, waits behind it
+    wide, short = _submit(engine, tokens[:60], 4), _submit(engine, tokens[2:22], 4)
     _step(engine)
     assert engine._live() == [*first.sequences, *second.sequences] and len(engine._waiting) == 2
     while first.sequences[0].finish_reason is None:
@@ -196,11 +198,7 @@ def test_rows_join_only_while_the_batch_s_kv_fits_its_budget_and_keep_their_orde
     while engine._rows or engine._waiting:
         assert len(engine._live()) <= 2
         _step(engine)
-    for req in (first, second, wide, short):
-        seq = req.sequences[0]
-        assert seq.finish_reason == "length" and len(seq.token_ids) == req.params.max_tokens
-        want = _reference(host, req.prompt_ids, seq.token_ids, 1.0)
-        assert (torch.tensor(seq.logprobs) - want).abs().max().item() <= 1e-4
+    _assert_exact(host, [first, second, wide, short])
 
 
 def test_a_retired_row_s_slot_counts_against_the_budget_until_the_batch_is_compacted(host):
@@ -208,20 +206,13 @@ def test_a_retired_row_s_slot_counts_against_the_budget_until_the_batch_is_compa
     engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024)
     engine.kv_budget = engine.kv_bytes(4, 40)
 
-    def request(prompt, max_tokens):
-        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=len(prompt), ignore_eos=True)
-        req = GenRequest(prompt_ids=prompt, params=params, policy=Policy("base", None, None, 0), n=1,
-                         emit=lambda *a: None)
-        engine.submit(req)
-        return req
-
-    short = [request(tokens[i:i + 40], 2) for i in range(2)]
-    long = [request(tokens[i:i + 40], 12) for i in range(2, 4)]
+    short = [_submit(engine, tokens[i:i + 40], 2) for i in range(2)]
+    long = [_submit(engine, tokens[i:i + 40], 12) for i in range(2, 4)]
     _step(engine)
     while any(r.sequences[0].finish_reason is None for r in short):
         _step(engine)
     assert len(engine._rows) == 4 and len(engine._live()) == 2  # two free slots, not yet compacted
-    wider = request(tokens[:50], 2)  # three live rows would fit at 50 columns; four slots do not
+    wider = _submit(engine, tokens[:50], 2)  # three live rows would fit at 50 columns; four slots do not
     _step(engine)
     assert wider.sequences[0] not in engine._live() and list(engine._waiting) == wider.sequences
     while engine._rows or engine._waiting:
