@@ -11,7 +11,7 @@ cannot shut everyone else out.
 The rows' K/V has a budget (`--kv-cache-mb`) besides the row count: a waiting row joins only while
 the batch's K/V with it (every row as wide as the widest, since rows are right-aligned) stays within
 it, and a row that does not fit keeps its place at the head of the queue: rows are otherwise
-bounded by count alone, and 64 rows of a long-context agent's turns (4-8k tokens) hold 13-26 GB
+bounded by count alone, and 64 rows of a long-context agent's turns (4-8k tokens) hold 12-24 GB
 of K/V on SmolLM2-135M (`bench/memory.py --long-prompts N` measures it). The budget is checked as
 rows join; rows already decoding keep growing by one column a step.
 
