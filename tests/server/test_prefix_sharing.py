@@ -114,6 +114,21 @@ def test_only_attention_that_takes_the_mask_and_within_its_window_is_packed():
     assert packable_length(Config()) is None
 
 
+@pytest.mark.unit
+def test_an_agents_group_with_a_prompt_of_thousands_of_tokens_is_one_row():
+    """tau2's policy and tools open every rollout of a domain with 5-8k tokens: a group of two
+    shares them in one row, not two, when the micro-batch's budget holds it."""
+    from types import SimpleNamespace
+
+    smollm2 = SimpleNamespace(_attn_implementation="sdpa", hidden_size=576, num_attention_heads=9,
+                              num_key_value_heads=3, intermediate_size=1536)
+    host = SimpleNamespace(config=smollm2, share_prefix=True)
+    prompt = list(range(5000))
+    group = [TrainSequence(ids=prompt + [7] * 48), TrainSequence(ids=prompt + [8] * 48)]
+    (row,) = optimize._rows(host, group, max_tokens=16384)
+    assert row.members == (0, 1) and row.prefix == 5000 and row.length == 5096
+    assert len(optimize._rows(host, group, max_tokens=4096)) == 2  # the budget still bounds a row
+
 # ---- the same loss and gradients -----------------------------------------------------------------
 
 def _sequence(parts: list[tuple[list[int], bool]], advantage: float) -> TrainSequence:
