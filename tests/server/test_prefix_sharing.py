@@ -129,6 +129,7 @@ def test_an_agents_group_with_a_prompt_of_thousands_of_tokens_is_one_row():
     assert row.members == (0, 1) and row.prefix == 5000 and row.length == 5096
     assert len(optimize._rows(host, group, max_tokens=4096)) == 2  # the budget still bounds a row
 
+
 # ---- the same loss and gradients -----------------------------------------------------------------
 
 def _sequence(parts: list[tuple[list[int], bool]], advantage: float) -> TrainSequence:
