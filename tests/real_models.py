@@ -38,12 +38,13 @@ def converted(gguf: Path) -> Path:
     return from_gguf(gguf, CACHE / "models")
 
 
-def _convert(name: str) -> Path:
-    return converted({"smollm2": smollm2_gguf, "gemma3": gemma3_gguf}[name]())
+def _convert(locate) -> Path:
+    """`converted`, the GGUF located (Gemma's assembled and hashed) in the same worker process."""
+    return converted(locate())
 
 
 if __name__ == "__main__":  # `make test` converts both before its workers start, so no two convert at once
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(2) as pool:  # a conversion keeps one core busy: both at once halve the wait
-        print(*pool.map(_convert, ["smollm2", "gemma3"]), sep="\n")
+        print(*pool.map(_convert, [smollm2_gguf, gemma3_gguf]), sep="\n")
