@@ -6,6 +6,7 @@ is a separate process exactly as in production; nothing here imports torch.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -38,6 +39,7 @@ class LocalServer:
         self.env = env or {}
         self.python = python or sys.executable  # a client-only environment points at the server's own
         self.port = port or free_port()
+        self._port_is_ours = port is None  # ours to change if another process holds it at start
         self.log_path = log or self.data_dir / f"server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
@@ -48,8 +50,10 @@ class LocalServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 180) -> "LocalServer":
-        cmd = [*self.launcher, self.python, "-m", "server.cli", "--host", self.host, "--port", str(self.port),
-               "--data-dir", str(self.data_dir),
+        # A launcher may run the server in another network namespace, where this process cannot bind.
+        listener = None if self.launcher else self._listener()
+        where = ["--fd", str(listener.fileno())] if listener else ["--host", self.host, "--port", str(self.port)]
+        cmd = [*self.launcher, self.python, "-m", "server.cli", *where, "--data-dir", str(self.data_dir),
                "--log-level", "warning", *self.extra]
         if self.model:
             cmd += ["--model", str(self.model)]
@@ -59,7 +63,10 @@ class LocalServer:
             env["ARTISAN_API_KEY"] = self.api_key
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     pass_fds=[listener.fileno()] if listener else ())
+        if listener:
+            listener.close()  # the server holds its own copy
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -72,6 +79,26 @@ class LocalServer:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"art-server did not answer /health within {timeout:.0f}s:\n{self._log_tail()}")
+
+    def _listener(self) -> socket.socket:
+        """The server's socket, listening already, for it to inherit. A port only named on the command
+        line stays free until the server binds it, seconds later, after its imports; another process
+        (a server started beside this one) can take it in between. This one is held from the start."""
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart, on a port left in TIME_WAIT
+        try:
+            try:
+                sock.bind((self.host, self.port))
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or not self._port_is_ours:
+                    raise
+                sock.bind((self.host, 0))
+                self.port = sock.getsockname()[1]
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     def _log_tail(self) -> str:
         # Quoted, not pointed to: the log may be in a scratch directory that is removed next.

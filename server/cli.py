@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +91,12 @@ def serve(
     export_timeout: float = setting("export_timeout"),
     export_queue: int = setting("export_queue"),
     log_level: str = typer.Option("info", help=", ".join(LOG_LEVELS)),
+    fd: int = typer.Option(None, help="Serve on this inherited socket, bound already, instead of binding --host and "
+                           "--port: its caller held the port from the moment it chose it (socket activation)."),
 ) -> None:
-    settings = settings_of(ctx.params)
+    listener = _inherited(fd) if fd is not None else None
+    where = dict(zip(("host", "port"), listener.getsockname()[:2])) if listener else {}
+    settings = settings_of({**ctx.params, **where})
     check_bind(settings)
     from server.model.host import pick_device  # torch: after the checks that need nothing loaded
 
@@ -111,8 +116,26 @@ def serve(
     logging.getLogger("artisan").info("descriptor limit %d: at most %d connections, %d per address; 503 past %d "
                                       "requests in flight, %d per address", fd_limit, guard.max_connections,
                                       guard.per_ip, guard.max_requests, guard.requests_per_ip)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_keep_alive=30,
-                http=guarded_protocol(guard, error_body), backlog=BACKLOG, log_config=uvicorn_log_config())
+    served = dict(log_level=log_level, timeout_keep_alive=30, http=guarded_protocol(guard, error_body),
+                  backlog=BACKLOG, log_config=uvicorn_log_config())
+    if listener is None:
+        uvicorn.run(create_app(settings), host=host, port=port, **served)
+        return
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), **served))
+    server.run(sockets=[listener])
+    if not server.started:  # as uvicorn.run ends a server whose start failed
+        raise SystemExit(3)
+
+
+def _inherited(fd: int) -> socket.socket:
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise SystemExit(f"--fd {fd}: not an open socket ({e.strerror})")
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+        raise SystemExit(f"--fd {fd}: not a TCP socket")
+    sock.set_inheritable(False)  # the server's own processes (a trainer, a replica) must not hold its port
+    return sock
 
 
 def settings_of(options: dict[str, Any]) -> Settings:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -25,6 +26,8 @@ MISTAKES = {
     "model_gguf_path": (["--model", "/nowhere/model.gguf"], ["--model /nowhere/model.gguf"]),
     "template_kwargs": (["--chat-template-kwargs", "[1]"], ["--chat-template-kwargs", "JSON object"]),
     "port": (["--port", "abc"], ["--port"]),
+    "fd_closed": (["--fd", "999"], ["--fd 999: not an open socket"]),
+    "fd_a_pipe": (["--fd", "2"], ["--fd 2: not an open socket"]),
     "replicas_vllm": (["--replicas", "2", "--engine", "vllm"], ["--replicas runs torch engines", "--engine vllm"]),
 }
 
@@ -56,6 +59,15 @@ def test_a_command_line_mistake_is_one_line(name, tmp_path):
 def test_cuda_on_a_machine_without_it_is_one_line(tmp_path):
     proc = run_cli("--device", "cuda", "--data-dir", str(tmp_path), "--port", str(free_port()))
     assert_one_clear_line(proc, "CUDA is not available on this machine; use --device cpu")
+
+
+def test_an_inherited_socket_open_to_the_world_needs_a_key_as_a_bound_address_does(tmp_path):
+    with socket.create_server(("0.0.0.0", 0)) as sock:
+        proc = subprocess.run([sys.executable, "-m", "server.cli", "--fd", str(sock.fileno()), "--data-dir",
+                               str(tmp_path), "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, pass_fds=[sock.fileno()],
+                              env={k: v for k, v in os.environ.items() if k != "ARTISAN_API_KEY"})
+    assert_one_clear_line(proc, "refusing to bind 0.0.0.0 without an API key")
 
 
 def test_help_shows_every_option_whole_at_80_columns():
