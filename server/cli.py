@@ -33,9 +33,9 @@ def setting(name: str, *param_decls: str, **option: Any) -> Any:
     return typer.Option(field.get_default(call_default_factory=True), *param_decls, help=field.description, **option)
 
 
-# The options are Settings' fields by name (settings_of), each with Settings' default, but for the one
-# that is no setting (--log-level) and two a setting is read from: the template's kwargs as JSON, and
-# the tenants' keys from a file.
+# The options are Settings' fields by name (settings_of), each with Settings' default, but for two that
+# are no setting (--log-level; --fd, whose socket's address stands for --host and --port) and two a
+# setting is read from: the template's kwargs as JSON, and the tenants' keys from a file.
 @app.command()
 def serve(
     ctx: typer.Context,

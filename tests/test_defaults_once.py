@@ -24,7 +24,7 @@ pytestmark = pytest.mark.unit
 OPTION_ENV = ("ARTISAN_API_KEY", "ARTISAN_TENANT_KEYS", "RAY_ADDRESS", "ARTISAN_EXPORT", "ARTISAN_RETRY_SECONDS",
               "ARTISAN_DEBUG")
 # art-server's options that are no setting, and the two a setting is read from (JSON, a file).
-NOT_SETTINGS = {"log_level"}
+NOT_SETTINGS = {"log_level", "fd"}
 READ_INTO_SETTINGS = {"chat_template_kwargs", "tenant_keys"}
 
 
