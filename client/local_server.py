@@ -83,21 +83,16 @@ class LocalServer:
     def _listener(self) -> socket.socket:
         """The server's socket, listening already, for it to inherit. A port only named on the command
         line stays free until the server binds it, seconds later, after its imports; another process
-        (a server started beside this one) can take it in between. This one is held from the start."""
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart, on a port left in TIME_WAIT
+        (a server started beside this one) can take it in between. This one is held from the start.
+        (create_server sets SO_REUSEADDR: a restart binds the port its predecessor left in TIME_WAIT.)"""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         try:
-            try:
-                sock.bind((self.host, self.port))
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE or not self._port_is_ours:
-                    raise
-                sock.bind((self.host, 0))
-                self.port = sock.getsockname()[1]
-            sock.listen(128)
-        except OSError:
-            sock.close()
-            raise
+            return socket.create_server((self.host, self.port), family=family)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE or not self._port_is_ours:
+                raise
+        sock = socket.create_server((self.host, 0), family=family)
+        self.port = sock.getsockname()[1]
         return sock
 
     def _log_tail(self) -> str:

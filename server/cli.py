@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -102,6 +103,7 @@ def serve(
 
     pick_device(device)
     import uvicorn
+    from uvicorn.main import STARTUP_FAILURE
 
     from server.app import create_app
 
@@ -116,15 +118,14 @@ def serve(
     logging.getLogger("artisan").info("descriptor limit %d: at most %d connections, %d per address; 503 past %d "
                                       "requests in flight, %d per address", fd_limit, guard.max_connections,
                                       guard.per_ip, guard.max_requests, guard.requests_per_ip)
-    served = dict(log_level=log_level, timeout_keep_alive=30, http=guarded_protocol(guard, error_body),
-                  backlog=BACKLOG, log_config=uvicorn_log_config())
-    if listener is None:
-        uvicorn.run(create_app(settings), host=host, port=port, **served)
-        return
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), **served))
-    server.run(sockets=[listener])
-    if not server.started:  # as uvicorn.run ends a server whose start failed
-        raise SystemExit(3)
+    # uvicorn.run, but for the inherited socket it cannot take (its own --fd makes an AF_UNIX socket of it).
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=host, port=port, log_level=log_level,
+                                           timeout_keep_alive=30, http=guarded_protocol(guard, error_body),
+                                           backlog=BACKLOG, log_config=uvicorn_log_config()))
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how it is stopped
+        server.run(sockets=[listener] if listener else None)
+    if not server.started:
+        raise SystemExit(STARTUP_FAILURE)
 
 
 def _inherited(fd: int) -> socket.socket:

@@ -78,4 +78,3 @@ def test_a_port_another_process_took_before_the_start_is_traded_for_a_free_one(t
         with server:
             assert server.port != taken
             assert httpx.get(server.url + "/health", timeout=10).status_code == 200
-

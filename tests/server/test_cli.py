@@ -32,12 +32,12 @@ MISTAKES = {
 }
 
 
-def run_cli(*args: str, columns: int | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, columns: int | None = None, pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "ARTISAN_API_KEY"}
     if columns is not None:
         env["COLUMNS"] = str(columns)
     return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, pass_fds=pass_fds)
 
 
 def assert_one_clear_line(proc: subprocess.CompletedProcess, *words: str) -> None:
@@ -63,10 +63,8 @@ def test_cuda_on_a_machine_without_it_is_one_line(tmp_path):
 
 def test_an_inherited_socket_open_to_the_world_needs_a_key_as_a_bound_address_does(tmp_path):
     with socket.create_server(("0.0.0.0", 0)) as sock:
-        proc = subprocess.run([sys.executable, "-m", "server.cli", "--fd", str(sock.fileno()), "--data-dir",
-                               str(tmp_path), "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300, pass_fds=[sock.fileno()],
-                              env={k: v for k, v in os.environ.items() if k != "ARTISAN_API_KEY"})
+        proc = run_cli("--fd", str(sock.fileno()), "--data-dir", str(tmp_path), "--device", "cpu",
+                       pass_fds=(sock.fileno(),))
     assert_one_clear_line(proc, "refusing to bind 0.0.0.0 without an API key")
 
 
