@@ -8,7 +8,9 @@ model on the same prompts, and the spread over seeds is the spread of what train
 
 Every (task, seed, trainer) run appends one JSON line to the results file as soon as it ends; a
 rerun with the same model and settings skips the runs already there, so a sweep of hours can be
-done in parts (`--tasks`, `--trainers`, `--seeds` pick a part). At the end it reads every matching
+done in parts (`--tasks`, `--trainers`, `--seeds` pick a part). The default results file,
+bench/results/learn-sweep.jsonl, is committed: a sweep takes longer than one machine lives, and
+lines kept only under out/ were lost with a machine. Each line names the commit it ran on. At the end it reads every matching
 line back and prints one JSON line: per task and trainer, base and final held-out accuracy (mean
 and standard error over seeds), the rise, per-seed figures and the verdicts below; a PNG of the
 curves is written beside the results.
@@ -25,6 +27,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -200,6 +203,18 @@ def _config(a: argparse.Namespace, task: str) -> dict[str, Any]:
             "temperature": a.temperature, "max_tokens": MAX_TOKENS.get(task, a.max_tokens)}
 
 
+def _commit() -> str | None:
+    """The checkout a run measured, "+dirty" where its files (the results aside) differed from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def run_one(a: argparse.Namespace, gguf: Path, template: Path | None, task: str, seed: int,
             trainer: str) -> dict[str, Any]:
     from tests.real_models import CACHE, converted
@@ -214,7 +229,7 @@ def run_one(a: argparse.Namespace, gguf: Path, template: Path | None, task: str,
         else:
             out = learn.run_trl(run, converted(gguf), train_rows, eval_rows, Path(scratch))
     curve = out["curve"]
-    return {"model": a.model, "config": config, "task": task, "seed": seed, "trainer": trainer,
+    return {"model": a.model, "config": config, "task": task, "seed": seed, "trainer": trainer, "commit": _commit(),
             "base": curve[0][2], "final": curve[-1][2], "seconds_per_step": round(curve[-1][0] / a.steps, 2),
             "constant_answer": constant_answer(r["answer"] for r in eval_rows),
             "curve": curve, "setup_seconds": out["setup_seconds"], "steps": out["steps"],
@@ -260,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
     learn.add_run_options(ap, max_tokens_help="all but the tasks in MAX_TOKENS")
     ap.add_argument("--quick", action="store_true", help="2 steps of 2 prompts x 4, 16 held-out questions")
-    ap.add_argument("--results", type=Path, default=ROOT / "out" / "learn-sweep" / "results.jsonl")
+    ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "learn-sweep.jsonl")
     a = ap.parse_args(argv)
     if a.quick:
         a.steps, a.eval_every, a.eval_n, a.group_size, a.prompts_per_step = 2, 1, 16, 4, 2
