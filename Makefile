@@ -227,7 +227,7 @@ bench-tool-agent: install $(BENCH_STAMP)
 	$(PY) bench/tool_agent.py $(TOOL_AGENT_ARGS)
 
 # bench/learn.py --sweep (bench/learn_sweep.py): both trainers on 9 reasoning-gym tasks x seeds 0 1 2,
-# hours on a CPU; a rerun skips the runs out/learn-sweep/results.jsonl already holds.
+# hours on a CPU; a rerun skips the runs bench/results/learn-sweep.jsonl (committed) already holds.
 # `make bench-learn-sweep SWEEP_ARGS="--quick --tasks leg_counting --seeds 0"` is a smoke run.
 SWEEP_ARGS ?=
 .PHONY: bench-learn-sweep

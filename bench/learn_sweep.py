@@ -54,6 +54,7 @@ MAX_TOKENS: dict[str, int] = {"word_sequence_reversal": 16}
 TRAINERS = ("artisan", "trl")
 RISE_THRESHOLD = 0.10
 NOISE_Z = 2.0  # "within noise": within two standard errors of the difference
+RESULTS = ROOT / "bench" / "results" / "learn-sweep.jsonl"  # committed (see the module's docstring)
 
 
 def _models() -> dict[str, Callable[[], tuple[Path, Path | None]]]:
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
     learn.add_run_options(ap, max_tokens_help="all but the tasks in MAX_TOKENS")
     ap.add_argument("--quick", action="store_true", help="2 steps of 2 prompts x 4, 16 held-out questions")
-    ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "learn-sweep.jsonl")
+    ap.add_argument("--results", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
     if a.quick:
         a.steps, a.eval_every, a.eval_n, a.group_size, a.prompts_per_step = 2, 1, 16, 4, 2

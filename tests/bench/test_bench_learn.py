@@ -4,6 +4,7 @@ learning curves are compared. (The benchmark itself is run with `make bench-lear
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -199,6 +200,23 @@ def test_a_rerun_skips_the_runs_the_results_file_holds():
     assert sweep.pending(done, "smollm2", configs, [0, 1], ["artisan", "trl"]) == [
         ("leg_counting", 0, "trl"), ("leg_counting", 1, "artisan"), ("leg_counting", 1, "trl"),
         ("syllogism", 0, "artisan"), ("syllogism", 0, "trl"), ("syllogism", 1, "artisan"), ("syllogism", 1, "trl")]
+
+
+def test_the_committed_sweep_results_hold_each_run_once_whole_and_with_its_commit():
+    # The file a sweep is finished from, on whatever machine: a line lost or written twice there
+    # changes a mean silently.
+    sweep = _load("learn_sweep")
+    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", str(sweep.RESULTS)], cwd=sweep.ROOT,
+                             capture_output=True)
+    assert tracked.returncode == 0, f"{sweep.RESULTS} is not committed"
+    entries = sweep.read_results(sweep.RESULTS)
+    keys = [sweep.run_key(e["model"], e["config"], e["task"], e["seed"], e["trainer"]) for e in entries]
+    assert len(keys) == len(set(keys))
+    for e in entries:
+        assert e["commit"] and e["trainer"] in sweep.TRAINERS
+        assert e["curve"][0][1] == 0 and e["curve"][-1][1] == e["config"]["steps"]
+        assert (e["base"], e["final"]) == (e["curve"][0][2], e["curve"][-1][2])
+    assert set(sweep.summarize(entries)) == {e["task"] for e in entries}
 
 
 def test_the_sweeps_tasks_have_settings_and_cover_at_least_three_families():
