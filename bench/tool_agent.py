@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client.errors import EXIT_CANNOT_LEARN  # noqa: E402
 from client.local_server import ROOT, LocalServer  # noqa: E402
+from client.loop.training_loop import draw_task  # noqa: E402
 from examples import leg_lookup  # noqa: E402
 
 RUN = "tool-agent"
@@ -49,6 +51,14 @@ def _train(server: LocalServer, a: argparse.Namespace, out: Path, steps: int) ->
     if done.returncode not in (0, EXIT_CANNOT_LEARN):  # a run that stopped learning is a result, kept
         raise SystemExit(f"client.train exited {done.returncode}")
     return json.loads((out / "summary.json").read_text())
+
+
+def drawn_rows(example: leg_lookup.LegLookupExample, seed: int, n: int) -> list[dict[str, Any]]:
+    """The first `n` training questions `client.train --seed seed` samples groups of, in its order: TRL's
+    step k then sees the questions of artisan's k-th attempt (an attempt that trained nothing draws
+    its questions as TRL's step without signal does)."""
+    tasks, rng = example.train_tasks(seed), random.Random(seed)  # LoopConfig.task_seed is --seed
+    return [draw_task(rng, tasks).data["row"] for _ in range(n)]
 
 
 def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]:
@@ -151,8 +161,7 @@ def main() -> None:
                              **({"stopped": artisan["stopped"]} if artisan["stopped"] else {})}
         if a.only is None:
             budget = artisan["saved"][-1]["train_seconds"] if artisan["saved"] else None
-            # The same pool of training questions; client.train draws from it in an order of its own.
-            train_rows = [t.data["row"] for t in example.train_tasks(a.seed)]
+            train_rows = drawn_rows(example, a.seed, a.steps * a.prompts_per_step)
             saved = run_trl(model_dir, artisan["start_adapter"], train_rows, steps=a.steps,
                             prompts_per_step=a.prompts_per_step, group_size=a.group_size, learning_rate=a.lr,
                             temperature=a.temperature, max_turns=settings.max_turns,

@@ -100,6 +100,12 @@ async def _with_run(cfg: LoopConfig, example: Example, model: TrainableModel) ->
         rollouts.close()
 
 
+def draw_task(rng: random.Random, tasks: list[Task]) -> Task:
+    """One draw, with replacement: a run of seed s trains its groups on the tasks that repeated draws
+    with random.Random(s) give, in that order (bench/tool_agent.py gives TRL the same questions)."""
+    return tasks[rng.randrange(len(tasks))]
+
+
 class TrainingLoop:
     """One run of `cfg` on a registered, leased model. A step with nothing to train does not advance
     the run: patience (client/loop/patience.py) ends a streak of those."""
@@ -230,7 +236,7 @@ class TrainingLoop:
 
     def draw(self) -> Task:
         """A training task of the current level, by the run's seeded draw."""
-        return self.tasks[self.rng.randrange(len(self.tasks))]
+        return draw_task(self.rng, self.tasks)
 
     async def reference_value(self, task: Task) -> tuple[Task, Any]:
         """A*-PO: the first task, from `task` on, whose V*(x) estimate can train, and that estimate;

@@ -1,0 +1,29 @@
+"""bench/tool_agent.py gives TRL the questions client.train trains artisan on, in the order it draws them."""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+
+import pytest
+
+from client.local_server import ROOT
+from client.loop.config import LoopConfig
+from client.loop.training_loop import TrainingLoop
+from examples import leg_lookup
+
+pytestmark = pytest.mark.unit
+
+spec = importlib.util.spec_from_file_location("bench_tool_agent", ROOT / "bench" / "tool_agent.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_trl_is_given_the_questions_client_train_draws_in_its_order(seed, tmp_path):
+    example = leg_lookup.make_example()
+    loop = TrainingLoop(LoopConfig(example="leg_lookup", seed=seed, out=tmp_path), example,
+                        types.SimpleNamespace(step=0, base_model=None), None, types.SimpleNamespace(figures=None))
+    drawn = [loop.draw().data["row"]["question"] for _ in range(40)]
+    assert [row["question"] for row in bench.drawn_rows(example, seed, 40)] == drawn
+    assert len(set(drawn)) > 20  # questions, not one repeated
