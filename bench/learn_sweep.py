@@ -9,8 +9,8 @@ model on the same prompts, and the spread over seeds is the spread of what train
 Every (task, seed, trainer) run appends one JSON line to the results file as soon as it ends; a
 rerun with the same model and settings skips the runs already there, so a sweep of hours can be
 done in parts (`--tasks`, `--trainers`, `--seeds` pick a part). The default results file,
-bench/results/learn-sweep.jsonl, is committed: a sweep takes longer than one machine lives, and
-lines kept only under out/ were lost with a machine. Each line names the commit it ran on. At the end it reads every matching
+bench/results/learn-sweep.jsonl, is committed, because a sweep outlives the machine it starts on;
+each line names the commit it ran on. At the end it reads every matching
 line back and prints one JSON line: per task and trainer, base and final held-out accuracy (mean
 and standard error over seeds), the rise, per-seed figures and the verdicts below; a PNG of the
 curves is written beside the results.
@@ -209,8 +209,8 @@ def _commit() -> str | None:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+                               cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+dirty" if dirty else "")
