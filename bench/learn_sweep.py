@@ -220,7 +220,7 @@ def run_one(a: argparse.Namespace, gguf: Path, template: Path | None, task: str,
             trainer: str) -> dict[str, Any]:
     from tests.real_models import CACHE, converted
 
-    config = _config(a, task)
+    config, commit = _config(a, task), _commit()  # the checkout the run starts from (its server loads it)
     run = argparse.Namespace(**config, task=task, seed=seed, chat_template=template)
     train_rows = learn_task.rows(task, a.steps * a.prompts_per_step, learn_task.TRAIN_SEED + seed)
     eval_rows = learn_task.rows(task, a.eval_n, learn_task.EVAL_SEED)
@@ -230,7 +230,7 @@ def run_one(a: argparse.Namespace, gguf: Path, template: Path | None, task: str,
         else:
             out = learn.run_trl(run, converted(gguf), train_rows, eval_rows, Path(scratch))
     curve = out["curve"]
-    return {"model": a.model, "config": config, "task": task, "seed": seed, "trainer": trainer, "commit": _commit(),
+    return {"model": a.model, "config": config, "task": task, "seed": seed, "trainer": trainer, "commit": commit,
             "base": curve[0][2], "final": curve[-1][2], "seconds_per_step": round(curve[-1][0] / a.steps, 2),
             "constant_answer": constant_answer(r["answer"] for r in eval_rows),
             "curve": curve, "setup_seconds": out["setup_seconds"], "steps": out["steps"],
