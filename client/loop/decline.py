@@ -1,5 +1,6 @@
-"""A run that gets worse, told in the line that sees it: held-out reward falling from its best, and
-entropy collapsing before the task is learned. Pure functions of the loop's figures.
+"""A run that gets worse, or no better, told in the line that sees it: held-out reward falling from
+its best, held-out reward not rising above where training started, and entropy collapsing before the
+task is learned. Pure functions of the loop's figures.
 
 Runs on untuned tasks (too high a learning rate, mostly) have been seen to climb, then fall below
 their best held-out reward while entropy collapsed until every rollout of a group gave the same
@@ -18,6 +19,9 @@ from protocol.names import policy_name
 
 ENTROPY_COLLAPSE_FRACTION = 0.25  # a step's entropy below this share of the run's first trained step's
 MOSTLY_SOLVED_REWARD = 0.8  # on the usual 0..1 reward: low entropy there is the task learned, not a collapse
+# A run is told it has not got better from half its steps on, and at most this many steps in, whatever its length.
+NO_GAIN_STEPS = 50
+FEW_GROUPS_WITH_SIGNAL = 0.5  # below this share of groups with a reward spread, too little to learn from is the cause
 
 
 def stderr_of(rewards: list[float]) -> float | None:
@@ -60,6 +64,46 @@ def held_out_decline(evals: list[dict[str, Any]], run: str, learning_rate: float
             f"(step {latest['step']}), more than two standard errors ({two_se:.3f}): the policy is getting worse; "
             f"likely too high a learning rate (--learning-rate{lr}) or a collapse onto one answer (see entropy); "
             f"{serve}")
+
+
+def no_held_out_gain(evals: list[dict[str, Any]], start_step: int, run_steps: int,
+                     history: list[dict[str, Any]], learning_rate: float | None) -> str | None:
+    """A warning when the run is half its steps (at most NO_GAIN_STEPS) past the evaluation training
+    started from (the last at or before `start_step`: step 0, or the warm start's), and no evaluation
+    since has beaten it by more than two standard errors of their difference; with the share of
+    groups that had a reward spread to learn from (the summary's `history`), which says why. None
+    otherwise, or when an evaluation's SE is unknown."""
+    scored = [e for e in evals if e.get("reward") is not None]
+    start = next((e for e in reversed(scored) if e["step"] <= start_step), None)
+    later = [e for e in scored if start is not None and e["step"] > start["step"]]
+    if not later or later[-1] is not evals[-1] or start.get("stderr") is None:
+        return None
+    if later[-1]["step"] - start["step"] < min(max((run_steps - start["step"]) // 2, 1), NO_GAIN_STEPS):
+        return None
+    if any(e.get("stderr") is None or e["reward"] - start["reward"] > 2 * math.hypot(start["stderr"], e["stderr"])
+           for e in later):
+        return None
+    best = max(later, key=lambda e: (e["reward"], -e["step"]))
+    two_se = 2 * math.hypot(start["stderr"], best["stderr"])
+    return (f"held-out reward is no better than at step {start['step']} ({start['reward']:.3f}) after "
+            f"{later[-1]['step'] - start['step']} steps: the best since, {best['reward']:.3f} at step {best['step']}, "
+            f"is within two standard errors ({two_se:.3f}); " + _no_gain_cause(history, learning_rate))
+
+
+def _no_gain_cause(history: list[dict[str, Any]], learning_rate: float | None) -> str:
+    total = sum(h.get("groups_total") or 0 for h in history)
+    constant = sum(h.get("groups_dropped_constant") or 0 for h in history)
+    if not total:
+        return "the run is training but not learning"
+    share = 1 - constant / total
+    if share < FEW_GROUPS_WITH_SIGNAL:
+        return (f"only {share:.0%} of its groups had a reward spread to learn from (in the rest every rollout scored "
+                f"the same): more rollouts per task (--group-size), or tasks it sometimes solves (--warm-start, "
+                f"--curriculum, an easier prompt)")
+    lr = f", now {short_float(learning_rate)}" if learning_rate else ""
+    return (f"{share:.0%} of its groups had a reward spread, so its steps trained: too small a learning rate "
+            f"(--learning-rate{lr}), or a training reward that rises without carrying over to the held-out tasks "
+            f"(compare the step lines' reward)")
 
 
 def first_entropy(history: list[dict[str, Any]]) -> tuple[int, float] | None:

@@ -10,7 +10,8 @@ from typing import Any
 
 from client.loop.apo import NothingToRegress, ValueTable
 from client.loop.curriculum import next_level, success_rate
-from client.loop.decline import best_eval, entropy_collapse, first_entropy, held_out_decline, keep_best_line
+from client.loop.decline import (best_eval, entropy_collapse, first_entropy, held_out_decline, keep_best_line,
+                                no_held_out_gain)
 from client.errors import ConfigError
 from client.loop.evaluation import eval_line, eval_record, eval_seed, evaluate_on, measure_note
 from client.loop.examples import load_example
@@ -207,15 +208,20 @@ class TrainingLoop:
         await self.eval_now()
 
     async def eval_now(self) -> None:
-        """Evaluate the latest step on the held-out tasks: recorded, and said with any decline."""
+        """Evaluate the latest step on the held-out tasks: recorded, and said with any decline or lack of gain."""
         cfg, step, by_domain, rewards = self.cfg, self.model.step, {}, []
         reward = await evaluate_on(self.rollouts, self.held_out, cfg.progress, step, by_domain,
                                    seed=eval_seed(cfg.seed, step), rewards=rewards)
         self.summary.evals.append(eval_record(step, reward, rewards, by_domain, self.summary.started))
-        fell = held_out_decline(self.summary.evals, cfg.run, self.learning_rate, cfg.keep_best)
+        evals, warm = self.summary.evals, self.summary.warm_start
+        warnings = [held_out_decline(evals, cfg.run, self.learning_rate, cfg.keep_best),
+                    no_held_out_gain(evals, warm["step"] if warm else 0, cfg.steps, self.summary.history,
+                                     self.learning_rate)]
+        if any(warnings):
+            evals[-1]["warnings"] = [w for w in warnings if w]  # summary.json keeps what the line said
         note = None if self.measure_said else measure_note(len(self.held_out), self.example.settings.temperature)
         self.measure_said = True
-        print(eval_line(step, reward, by_domain, fell, note), flush=True)
+        print(eval_line(step, reward, by_domain, warnings, note), flush=True)
 
     async def check_level(self, step: int) -> None:
         """TinyZero's rule: the current level's held-out success, and one level up past the threshold."""

@@ -6,7 +6,7 @@ held-out reward fell, saying so on the evaluation line that saw the fall."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -154,8 +154,10 @@ class _OneQuestion(Environment):
 
 @dataclass
 class _Declining(Example):
-    """Held-out rewards scripted by the step evaluated (its `run@N` name), the sampling real: step 2
-    scores 7 of 8, step 4 1 of 8, a fall far past two standard errors."""
+    """Held-out rewards scripted by the step evaluated (its `run@N` name), the sampling real: by
+    default step 2 scores 7 of 8, step 4 1 of 8, a fall far past two standard errors."""
+
+    solved: dict[int, int] = field(default_factory=lambda: HELD_OUT_SOLVED)
 
     def train_tasks(self, seed: int) -> list[Task]:
         return [Task(id=f"t{i}") for i in range(4)]
@@ -169,7 +171,7 @@ class _Declining(Example):
     async def rollout(self, client, model, task):
         traj = await super().rollout(client, model, task)
         if task.id.startswith("e") and not isinstance(traj, BaseException):
-            traj.reward = float(task.metadata["index"] < HELD_OUT_SOLVED[int(model.rpartition("@")[2])])
+            traj.reward = float(task.metadata["index"] < self.solved[int(model.rpartition("@")[2])])
         return traj
 
 
@@ -207,7 +209,29 @@ async def test_keep_best_serves_the_best_step_of_a_run_that_fell_and_the_lines_s
     assert [h["step"] for h in summary["history"] if h.get("entropy_collapse")] == later
 
     assert "--keep-best: run declining now serves step 2 (held-out 0.875); step 4 scored 0.125" in out
+    assert "no better than" not in out  # step 2 rose past the noise: the fall is the news, not a lack of gain
     assert summary["best_step"] == {"step": 2, "reward": 0.875, "stderr": pytest.approx(0.125)}
     assert summary["keep_best"] == {"serving_step": 2, "reward": 0.875, "latest_step": 4, "latest_reward": 0.125}
     info = httpx.get(f"{server.url}/v1/runs/declining", timeout=30).json()
     assert (info["step"], info["serving_step"], info["serving_pinned"]) == (4, 2, True)
+
+
+async def test_a_run_no_better_than_its_start_says_so_from_half_its_steps(server, tmp_path, capsys):
+    example = _Declining(name="flat", settings=RolloutSettings(max_turns=1, max_tokens=6, temperature=1.0),
+                         solved={0: 2, 2: 3, 4: 2})
+    cfg = LoopConfig(server=server.url, run="flat", example="unused", steps=4, groups_per_step=2, group_size=4,
+                     eval_every=2, eval_tasks=8, out=tmp_path, progress=False, patience=5, seed=3,
+                     train=TrainConfig(learning_rate=1e-3))
+    summary = await train_loop(cfg, example)
+    lines = capsys.readouterr().out.splitlines()
+
+    assert [(e["step"], e["reward"]) for e in summary["evals"]] == [(0, 0.25), (2, 0.375), (4, 0.25)]
+    history = summary["history"]
+    share = 1 - sum(h["groups_dropped_constant"] for h in history) / sum(h["groups_total"] for h in history)
+    for step, best, after in ((2, "0.375 at step 2", 2), (4, "0.375 at step 2", 4)):
+        at = lines.index(f"eval @ step {step}: reward {summary['evals'][step // 2]['reward']:.3f}")
+        assert lines[at + 1].startswith(f"  warning: held-out reward is no better than at step 0 (0.250) after {after} "
+                                        f"steps: the best since, {best}, is within two standard errors"), lines[at + 1]
+        assert f"{share:.0%} of its groups had a reward spread" in lines[at + 1]
+        assert summary["evals"][step // 2]["warnings"] == [lines[at + 1].removeprefix("  warning: ")]
+    assert not lines[lines.index("eval @ step 0: reward 0.250") + 1].startswith("  warning:")

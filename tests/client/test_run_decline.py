@@ -1,6 +1,7 @@
-"""A run that gets worse is named in the line that sees it (client/loop/decline.py): held-out reward
-falling from its best by more than two standard errors, entropy collapsing before the task is
-learned; and the best evaluated step, in summary.json and the web UI's run API."""
+"""A run that gets worse, or no better, is named in the line that sees it (client/loop/decline.py):
+held-out reward falling from its best by more than two standard errors, or not rising above where
+training started, entropy collapsing before the task is learned; and the best evaluated step, in
+summary.json and the web UI's run API."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import math
 
 import pytest
 
-from client.loop.decline import (best_eval, entropy_collapse, first_entropy, held_out_decline, keep_best_line,
-                            stderr_of)
+from client.loop.decline import (NO_GAIN_STEPS, best_eval, entropy_collapse, first_entropy, held_out_decline,
+                                keep_best_line, no_held_out_gain, stderr_of)
 from client.loop.summary import Summary
 from server.api.ui_routes import best_held_out
 
@@ -58,6 +59,48 @@ def test_a_fall_within_the_noise_a_rise_or_an_unknown_noise_is_not_a_decline():
     assert "(0.000)" in held_out_decline([_eval(0, 1.0, 0.0), _eval(2, 0.0, 0.0)], "r", None, False)
     # without a learning rate to quote, the flag alone
     assert "(--learning-rate)" in held_out_decline(slide, "r", None, False)
+
+
+def _steps(n: int, groups: int = 4, constant: int = 0) -> list[dict]:
+    return [{"step": i + 1, "trained": True, "groups_total": groups, "groups_dropped_constant": constant}
+            for i in range(n)]
+
+
+def test_a_run_no_better_than_its_start_from_half_its_steps_on_says_so_and_why():
+    # bench/learn.py's basic_arithmetic seed 1 (greedy, 64 questions): flat while its other seeds rose by 0.3
+    flat = [_eval(0, 0.099, 0.037), _eval(4, 0.094, 0.036), _eval(8, 0.099, 0.037)]
+    said = no_held_out_gain(flat, 0, 16, _steps(8, constant=3), 2e-4)
+    assert said == ("held-out reward is no better than at step 0 (0.099) after 8 steps: the best since, 0.099 at "
+                    f"step 8, is within two standard errors ({2 * math.hypot(0.037, 0.037):.3f}); only 25% of its "
+                    "groups had a reward spread to learn from (in the rest every rollout scored the same): more "
+                    "rollouts per task (--group-size), or tasks it sometimes solves (--warm-start, --curriculum, an "
+                    "easier prompt)")
+    assert no_held_out_gain(flat[:2], 0, 16, _steps(4), 2e-4) is None  # step 4 of 16: too soon to say
+    # most groups had signal: the steps trained, so the learning rate or the transfer is the suspect
+    assert "75% of its groups had a reward spread, so its steps trained: too small a learning rate " \
+           "(--learning-rate, now 2e-4)" in no_held_out_gain(flat, 0, 16, _steps(8, constant=1), 2e-4)
+    assert "the run is training but not learning" in no_held_out_gain(flat, 0, 16, [], None)
+
+
+def test_a_rise_past_the_noise_at_any_evaluation_since_the_start_is_a_gain():
+    rose = [_eval(0, 0.1, 0.03), _eval(4, 0.3, 0.05), _eval(8, 0.12, 0.04)]
+    assert no_held_out_gain(rose, 0, 8, _steps(8), 1e-3) is None  # a later fall is held_out_decline's to say
+    assert no_held_out_gain([_eval(0, 0.1, 0.03), _eval(8, 0.21, 0.03)], 0, 8, _steps(8), 1e-3) is None  # 0.11 > 0.085
+    assert no_held_out_gain([_eval(0, 0.1, 0.03), _eval(8, 0.18, 0.03)], 0, 8, _steps(8), 1e-3) is not None
+    assert no_held_out_gain([_eval(0, 0.1, None), _eval(8, 0.1, 0.03)], 0, 8, _steps(8), 1e-3) is None
+    assert no_held_out_gain([_eval(0, 0.1, 0.03), _eval(8, None, None)], 0, 8, _steps(8), 1e-3) is None
+    assert no_held_out_gain([_eval(0, 0.1, 0.03)], 0, 8, [], 1e-3) is None
+
+
+def test_a_warm_started_run_is_measured_from_its_warm_start_and_a_long_one_told_by_step_50():
+    # SFT's jump (step 1) is not GRPO's gain: GRPO starts from the warm start's evaluation
+    warm = [_eval(0, 0.0, 0.0), _eval(1, 0.44, 0.06), _eval(10, 0.45, 0.06), _eval(20, 0.47, 0.06)]
+    assert "no better than at step 1 (0.440) after 19 steps" in no_held_out_gain(warm, 1, 40, _steps(19), 2e-4)
+    assert no_held_out_gain(warm, 0, 40, _steps(20), 2e-4) is None
+    assert no_held_out_gain(warm[:3], 1, 40, _steps(9), 2e-4) is None  # 9 of GRPO's 39 steps
+    long = [_eval(0, 0.2, 0.03), _eval(NO_GAIN_STEPS - 1, 0.2, 0.03), _eval(NO_GAIN_STEPS, 0.2, 0.03)]
+    assert no_held_out_gain(long[:2], 0, 1000, _steps(NO_GAIN_STEPS - 1), 1e-5) is None
+    assert f"after {NO_GAIN_STEPS} steps" in no_held_out_gain(long, 0, 1000, _steps(NO_GAIN_STEPS), 1e-5)
 
 
 def test_entropy_collapse_is_named_before_the_task_is_learned():
