@@ -48,6 +48,11 @@ def best_eval(evals: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"step": best["step"], "reward": best["reward"], "stderr": best.get("stderr")}
 
 
+def two_standard_errors(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Two standard errors of the difference between two evaluations (their SEs known)."""
+    return 2 * math.hypot(a["stderr"], b["stderr"])
+
+
 def held_out_decline(evals: list[dict[str, Any]], run: str, learning_rate: float | None,
                      keep_best: bool) -> str | None:
     """A warning when the latest evaluation fell from the best before it by more than two standard
@@ -58,7 +63,7 @@ def held_out_decline(evals: list[dict[str, Any]], run: str, learning_rate: float
     latest, best = evals[-1], best_eval(evals[:-1])
     if best is None or best["stderr"] is None or latest.get("stderr") is None:
         return None
-    fall, two_se = best["reward"] - latest["reward"], 2 * math.hypot(best["stderr"], latest["stderr"])
+    fall, two_se = best["reward"] - latest["reward"], two_standard_errors(best, latest)
     if fall <= 0 or fall <= two_se:
         return None
     lr = f", now {short_float(learning_rate)}" if learning_rate else ""
@@ -85,11 +90,10 @@ def no_held_out_gain(evals: list[dict[str, Any]], start_step: int, run_steps: in
     due = max(math.ceil(NO_GAIN_FRACTION * (run_steps - start["step"])), 1)
     if later[-1]["step"] - start["step"] < min(due, NO_GAIN_STEPS):
         return None
-    if any(e.get("stderr") is None or e["reward"] - start["reward"] > 2 * math.hypot(start["stderr"], e["stderr"])
-           for e in later):
+    if any(e.get("stderr") is None or e["reward"] - start["reward"] > two_standard_errors(start, e) for e in later):
         return None
-    best = max(later, key=lambda e: (e["reward"], -e["step"]))
-    two_se = 2 * math.hypot(start["stderr"], best["stderr"])
+    best = best_eval(later)
+    two_se = two_standard_errors(start, best)
     return (f"held-out reward is no better than at step {start['step']} ({start['reward']:.3f}) after "
             f"{later[-1]['step'] - start['step']} steps: the best since, {best['reward']:.3f} at step {best['step']}, "
             f"is within two standard errors ({two_se:.3f}); " + _no_gain_cause(history, learning_rate))

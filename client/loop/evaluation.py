@@ -63,9 +63,9 @@ def measure_note(tasks: int, temperature: float) -> str:
     return f"held-out reward: the mean over {tasks} tasks of {how}, each seeded per step when --seed is given"
 
 
-def eval_line(step: int, reward: float | None, by_domain: dict[str, Any], warnings: list[str | None] | None,
+def eval_line(step: int, reward: float | None, by_domain: dict[str, Any], warnings: list[str] | None,
               note: str | None = None) -> str:
     domains = ", ".join(f"{d} {figure(r)}" for d, r in by_domain.items())
     said = "-" if reward is None else f"{reward:.3f}"
     return (f"eval @ step {step}: reward {said}" + (f" ({domains})" if domains else "")
-            + (f"\n  {note}" if note else "") + "".join(f"\n  warning: {w}" for w in warnings or [] if w))
+            + (f"\n  {note}" if note else "") + "".join(f"\n  warning: {w}" for w in warnings or []))

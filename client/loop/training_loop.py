@@ -214,11 +214,11 @@ class TrainingLoop:
                                    seed=eval_seed(cfg.seed, step), rewards=rewards)
         self.summary.evals.append(eval_record(step, reward, rewards, by_domain, self.summary.started))
         evals, warm = self.summary.evals, self.summary.warm_start
-        warnings = [held_out_decline(evals, cfg.run, self.learning_rate, cfg.keep_best),
-                    no_held_out_gain(evals, warm["step"] if warm else 0, cfg.steps, self.summary.history,
-                                     self.learning_rate)]
-        if any(warnings):
-            evals[-1]["warnings"] = [w for w in warnings if w]  # summary.json keeps what the line said
+        warnings = [w for w in (held_out_decline(evals, cfg.run, self.learning_rate, cfg.keep_best),
+                                no_held_out_gain(evals, warm["step"] if warm else 0, cfg.steps, self.summary.history,
+                                                 self.learning_rate)) if w]
+        if warnings:
+            evals[-1]["warnings"] = warnings  # summary.json keeps what the line said
         note = None if self.measure_said else measure_note(len(self.held_out), self.example.settings.temperature)
         self.measure_said = True
         print(eval_line(step, reward, by_domain, warnings, note), flush=True)
