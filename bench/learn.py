@@ -163,6 +163,7 @@ def run_artisan(a: argparse.Namespace, gguf: Path, cache: Path, train_rows, eval
     started = time.perf_counter()
     template = getattr(a, "chat_template", None)
     extra = ["--device", "cpu", "--cache-dir", str(cache)] + (["--chat-template", str(template)] if template else [])
+    extra += [arg for text in getattr(a, "stop_tokens", ()) for arg in ("--stop-token", text)]
     with LocalServer(work / "artisan-data", model=gguf, extra=extra) as server:
         setup = time.perf_counter() - started
         out = asyncio.run(_artisan_train(server.url, a, train_rows, eval_rows))
@@ -192,6 +193,15 @@ def _greedy_eval(model, tokenizer, eval_rows, prompt: str, max_tokens: int, batc
     return sum(scores) / len(scores)
 
 
+def _add_stop_tokens(generation_config, tokenizer, texts) -> None:
+    """art-server's --stop-token for TRL: GRPOTrainer stops and masks at the generation config's EOS ids."""
+    from server.chat.format import stop_token_id
+
+    eos = generation_config.eos_token_id
+    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    generation_config.eos_token_id = sorted({*ids, *(stop_token_id(tokenizer, t) for t in texts)})
+
+
 def run_trl(a: argparse.Namespace, model_dir: Path, train_rows, eval_rows, work: Path) -> dict[str, Any]:
     import torch
     from datasets import Dataset
@@ -208,6 +218,7 @@ def run_trl(a: argparse.Namespace, model_dir: Path, train_rows, eval_rows, work:
         tokenizer.chat_template = Path(a.chat_template).read_text()
     seed = getattr(a, "seed", 0)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    _add_stop_tokens(base.generation_config, tokenizer, getattr(a, "stop_tokens", ()))
     torch.manual_seed(seed)  # artisan seeds its LoRA's init with LoraSettings.seed
     model = get_peft_model(base, LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=LORA_TARGETS,
                                             lora_dropout=0.0, bias="none"))

@@ -32,7 +32,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -57,12 +57,19 @@ NOISE_Z = 2.0  # "within noise": within two standard errors of the difference
 RESULTS = ROOT / "bench" / "results" / "learn-sweep.jsonl"  # committed (see the module's docstring)
 
 
-def _models() -> dict[str, Callable[[], tuple[Path, Path | None]]]:
-    """Each model's GGUF and the chat template to serve it with (None: its own)."""
-    from tests.real_models import TEMPLATES, gemma3_gguf, smollm2_gguf
+class Served(NamedTuple):
+    gguf: Path
+    chat_template: Path | None = None  # None: the model's own
+    stop_tokens: tuple[str, ...] = ()  # art-server's --stop-token, and TRL's generation config's EOS
 
-    return {"smollm2": lambda: (smollm2_gguf(), None),
-            "gemma3": lambda: (gemma3_gguf(), TEMPLATES / "gemma3.jinja")}  # the base model's GGUF has none
+
+def _models() -> dict[str, Callable[[], Served]]:
+    """How each model is served to both trainers."""
+    from tests.real_models import gemma3_gguf, smollm2_gguf
+
+    return {"smollm2": lambda: Served(smollm2_gguf()),
+            # a base model: plain-text shots it can continue (examples/reasoning_gym's BASE_MODEL_TEMPLATE)
+            "gemma3": lambda: Served(gemma3_gguf(), learn_task.BASE_MODEL_TEMPLATE, learn_task.BASE_MODEL_STOP)}
 
 
 # ---- aggregation (pure) -------------------------------------------------------------------------
@@ -216,19 +223,19 @@ def _commit() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
-def run_one(a: argparse.Namespace, gguf: Path, template: Path | None, task: str, seed: int,
-            trainer: str) -> dict[str, Any]:
+def run_one(a: argparse.Namespace, served: Served, task: str, seed: int, trainer: str) -> dict[str, Any]:
     from tests.real_models import CACHE, converted
 
     config, commit = _config(a, task), _commit()  # the checkout the run starts from (its server loads it)
-    run = argparse.Namespace(**config, task=task, seed=seed, chat_template=template)
+    run = argparse.Namespace(**config, task=task, seed=seed, chat_template=served.chat_template,
+                             stop_tokens=served.stop_tokens)
     train_rows = learn_task.rows(task, a.steps * a.prompts_per_step, learn_task.TRAIN_SEED + seed)
     eval_rows = learn_task.rows(task, a.eval_n, learn_task.EVAL_SEED)
     with tempfile.TemporaryDirectory(prefix="bench-learn-sweep-") as scratch:
         if trainer == "artisan":
-            out = learn.run_artisan(run, gguf, CACHE, train_rows, eval_rows, Path(scratch))
+            out = learn.run_artisan(run, served.gguf, CACHE, train_rows, eval_rows, Path(scratch))
         else:
-            out = learn.run_trl(run, converted(gguf), train_rows, eval_rows, Path(scratch))
+            out = learn.run_trl(run, converted(served.gguf), train_rows, eval_rows, Path(scratch))
     curve = out["curve"]
     return {"model": a.model, "config": config, "task": task, "seed": seed, "trainer": trainer, "commit": commit,
             "base": curve[0][2], "final": curve[-1][2], "seconds_per_step": round(curve[-1][0] / a.steps, 2),
@@ -283,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     a.results.parent.mkdir(parents=True, exist_ok=True)
 
-    gguf, template = _models()[a.model]()
+    served = _models()[a.model]()
     done = {run_key(e["model"], e["config"], e["task"], e["seed"], e["trainer"]) for e in read_results(a.results)}
     configs = {t: _config(a, t) for t in a.tasks}
     todo = pending(done, a.model, configs, a.seeds, a.trainers)
@@ -291,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{a.results}", file=sys.stderr, flush=True)
     for task, seed, trainer in todo:
         print(f"sweep: {task} seed {seed} {trainer}", file=sys.stderr, flush=True)
-        entry = run_one(a, gguf, template, task, seed, trainer)
+        entry = run_one(a, served, task, seed, trainer)
         with a.results.open("a") as f:
             f.write(json.dumps(entry) + "\n")
 

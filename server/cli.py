@@ -47,6 +47,7 @@ def serve(
                                              help=Settings.model_fields["chat_template_kwargs"].description),
     tool_call_parser: str = setting("tool_call_parser"),
     reasoning_parser: str = setting("reasoning_parser"),
+    stop_token: list[str] = setting("stop_token"),
     allow_unrendered_tools: bool = setting("allow_unrendered_tools"),
     host: str = setting("host"),
     port: int = setting("port"),
@@ -152,7 +153,7 @@ def settings_of(options: dict[str, Any]) -> Settings:
     check_model(options["model"])
     fields = {name: value for name, value in options.items() if name in Settings.model_fields}
     fields.update(chat_template_kwargs=template_kwargs, tenant_keys=_tenant_keys(options["tenant_keys"]),
-                  api_key=options["api_key"] or None)
+                  api_key=options["api_key"] or None, stop_token=[_unescaped(t) for t in options["stop_token"]])
     return Settings(**fields)
 
 
@@ -163,6 +164,14 @@ def _tenant_keys(path: Path | None) -> dict[str, str]:
         return read_tenant_keys(path) if path is not None else {}
     except ValueError as e:
         raise SystemExit(str(e))
+
+
+def _unescaped(text: str) -> str:
+    """A shell gives `'\\n'` as two characters: read backslash escapes as Python does (other text is kept)."""
+    try:
+        return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"--stop-token {text!r}: {e.reason}")
 
 
 def _check_options(chat_template: Path | None, chat_template_kwargs: str, tool_call_parser: str,

@@ -32,6 +32,10 @@ class Settings(BaseModel):
                                   "(auto: from the chat template).")
     reasoning_parser: str = Field(default="auto", description="qwen3, deepseek_r1, openai or none (auto: from the "
                                   "template).")
+    stop_token: list[str] = Field(default=[], description="A token's text that ends every generation, besides the "
+                                  "model's EOS and its template's end of turn (repeat for more): a base model served "
+                                  "with a plain-text template ends its turn at a newline, --stop-token '\\n' "
+                                  "(backslash escapes are read).")
     allow_unrendered_tools: bool = Field(default=False, description="Serve requests with tools although the chat "
                                          "template does not render them (the model never sees them); without it "
                                          "they get a 400.")

@@ -24,6 +24,7 @@ import functools
 import hashlib
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import reasoning_gym
@@ -81,6 +82,11 @@ PROMPTS: dict[str, tuple[str, str]] = {
 FEWSHOT_SEED, FEWSHOT_N, FEWSHOT_POOL = 99_999, 2, 64
 
 TASK, PROMPT = "leg_counting", "fewshot_drawn"  # chosen by measuring: the README's sweep
+# A base model (Gemma 3 270M) never learned a chat template's markers: under its instruction template
+# it wrote a stray token where each would go and never ended a turn (held-out accuracy 0.006). This
+# template gives it the shots as plain "Question:" and "Answer:" lines, which it continues and ends
+# with a newline: serve it with `--chat-template BASE_MODEL_TEMPLATE --stop-token '\n'`.
+BASE_MODEL_TEMPLATE, BASE_MODEL_STOP = Path(__file__).with_name("base_model.jinja"), ("\n",)
 TRAIN_SEED, EVAL_SEED = 0, 10_000  # disjoint seeds: the held-out rows are other questions
 
 

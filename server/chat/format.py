@@ -25,6 +25,19 @@ def _special_ids(tokenizer: Any) -> set[int]:
         i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
 
 
+class StopTokenError(SystemExit):
+    """A `--stop-token` text that is not one token of the model's vocabulary: the engines stop on ids."""
+
+
+def stop_token_id(tokenizer: Any, text: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        pieces = [tokenizer.decode([i]) for i in ids]
+        raise StopTokenError(f"--stop-token {text!r} is {len(ids)} tokens of this model's vocabulary {pieces}, "
+                             "not one: give the text of a single token")
+    return ids[0]
+
+
 @dataclass
 class ChatFormat:
     template: ChatTemplate
@@ -38,8 +51,9 @@ class ChatFormat:
     @classmethod
     def build(cls, tokenizer: Any, template_source: str | None = None, tool_parser: str = "auto",
               reasoning_parser: str = "auto", eos_ids: Iterable[int] = (),
-              template_kwargs: dict[str, Any] | None = None) -> "ChatFormat":
+              template_kwargs: dict[str, Any] | None = None, stop_tokens: Iterable[str] = ()) -> "ChatFormat":
         template = ChatTemplate(tokenizer, template_source, template_kwargs)
+        eos_ids = [*eos_ids, *(stop_token_id(tokenizer, text) for text in stop_tokens)]
         tool_name = detect_tool_parser(template.source) if tool_parser == "auto" else tool_parser
         reasoning_name = detect_reasoning_parser(template.source) if reasoning_parser == "auto" else reasoning_parser
         stop_ids = {i for i in [*eos_ids, tokenizer.eos_token_id, cls._turn_end_id(tokenizer, template)]

@@ -40,6 +40,7 @@ class ChatOptions:
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
     template_kwargs: dict[str, Any] | None = None
+    stop_tokens: tuple[str, ...] = ()  # `--stop-token`: texts of tokens that also end a generation
 
 
 class DeviceError(SystemExit):
@@ -153,7 +154,7 @@ class ModelHost:
         self.aliases = {self.name, str(self.model_dir), own_name, *aliases,
                         *([self.config.name_or_path] if getattr(self.config, "name_or_path", None) else [])}
         self.chat = ChatFormat.build(self.tokenizer, chat.template, chat.tool_call_parser, chat.reasoning_parser,
-                                     stop_ids_of(self.model_dir, self.config), chat.template_kwargs)
+                                     stop_ids_of(self.model_dir, self.config), chat.template_kwargs, chat.stop_tokens)
         self.lock = threading.RLock()
         self.context_window = context_window(self.config)
         self.lora_targets = lora_targets(model)
@@ -263,7 +264,8 @@ def _model_name(model_dir: Path, card: dict[str, Any]) -> str:
 def load_model(settings: Settings) -> ModelHost:
     model_dir = resolve(settings.model, settings.cache_dir / "models")
     template = settings.chat_template.read_text() if settings.chat_template else None
-    chat = ChatOptions(template, settings.tool_call_parser, settings.reasoning_parser, settings.chat_template_kwargs)
+    chat = ChatOptions(template, settings.tool_call_parser, settings.reasoning_parser, settings.chat_template_kwargs,
+                       tuple(settings.stop_token))
     names = settings.served_model_name
     host = ModelHost(model_dir, device=settings.device, dtype=settings.dtype,
                      name=names[0] if names else served_name(settings.model), chat=chat,

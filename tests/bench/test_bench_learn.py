@@ -75,6 +75,22 @@ def test_the_reward_is_reasoning_gyms_score_of_the_bare_or_tagged_answer():
     assert learn_task.score(None, row) == 0.0
 
 
+def test_trl_stops_at_the_tokens_art_server_is_told_to_stop_at(tmp_path):
+    """A base model's sweep gives art-server `--stop-token '\\n'`; TRL gets the same ids as EOS ids
+    of its generation config, which GRPOTrainer stops its samples at and masks after."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from tests.families import tokenizer_dir
+
+    learn = _load("learn")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir("qwen2_5", tmp_path))
+    [newline] = tokenizer.encode("\n", add_special_tokens=False)
+    for eos, kept in ((7, [7]), ([9, 7], [7, 9]), (None, [])):
+        config = GenerationConfig(eos_token_id=eos)
+        learn._add_stop_tokens(config, tokenizer, learn_task.BASE_MODEL_STOP)
+        assert config.eos_token_id == sorted({*kept, newline})
+
+
 def test_time_ratio_compares_seconds_to_reach_trls_final_accuracy():
     learn = _load("learn")
     trl = [[0.0, 0, 0.2], [10.0, 5, 0.3], [20.0, 10, 0.5]]

@@ -29,6 +29,7 @@ MISTAKES = {
     "fd_closed": (["--fd", "999"], ["--fd 999: not an open socket"]),
     "fd_a_pipe": (["--fd", "2"], ["--fd 2: not an open socket"]),
     "replicas_vllm": (["--replicas", "2", "--engine", "vllm"], ["--replicas runs torch engines", "--engine vllm"]),
+    "stop_token_bad_escape": (["--stop-token", "end\\"], ["--stop-token 'end\\\\'"]),
 }
 
 
@@ -53,6 +54,14 @@ def test_a_command_line_mistake_is_one_line(name, tmp_path):
     args, words = MISTAKES[name]
     proc = run_cli("--data-dir", str(tmp_path), "--device", "cpu", *args)
     assert_one_clear_line(proc, *words)
+
+
+def test_a_stop_token_that_is_not_one_token_stops_the_start_in_one_line(tmp_path):
+    """Judged once the tokenizer is loaded (after the model's own loading lines), before anything is served."""
+    proc = run_cli("--data-dir", str(tmp_path), "--device", "cpu", "--port", str(free_port()), "--stop-token", "zq xv")
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    assert out.splitlines()[-1].startswith("--stop-token 'zq xv' is 5 tokens of this model's vocabulary"), out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

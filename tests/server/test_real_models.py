@@ -5,7 +5,8 @@ from its GGUF with Gemma 3's instruction template given by `--chat-template`.
 For each, against a real art-server through the `openai` SDK: prompts are exactly what the
 model's own template gives, a sampled turn comes back token for token in the next prompt,
 returned logprobs are a full forward pass's, and an RL step trains on-policy. Neither template
-shows tools: a request with tools is refused unless a template that does is given.
+shows tools: a request with tools is refused unless a template that does is given. Gemma 3 also
+under the plain-text template a base model can follow, ending its answers at `--stop-token`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from client import TrainConfig, TrainableModel, Trajectory, TrajectoryGroup
 from conftest import ServerProcess
+from examples import reasoning_gym
 from tests.real_models import CACHE, TEMPLATES, converted, gemma3_gguf, smollm2_gguf
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
@@ -274,3 +276,32 @@ def test_smollm2_knows_the_capital_of_france(smollm2):
         model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
         max_tokens=24, temperature=0)
     assert "Paris" in resp.choices[0].message.content
+
+
+def test_a_base_model_under_plain_text_shots_ends_its_answer_at_the_stop_token(tmp_path):
+    """Gemma 3 270M under examples/reasoning_gym's BASE_MODEL_TEMPLATE with `--stop-token '\\n'` (as a
+    shell passes it): it answers a few-shot question on one line and stops at the newline, which the
+    reply's text drops, and the answer comes back token for token in the next prompt."""
+    model_dir = converted(gemma3_gguf())
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    server = ServerProcess(tmp_path, model=gemma3_gguf(), extra=[
+        "--cache-dir", str(CACHE), "--served-model-name", "gemma3-base",
+        "--chat-template", str(reasoning_gym.BASE_MODEL_TEMPLATE), "--stop-token", "\\n"]).start(timeout=600)
+    try:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300) as client:
+            row = reasoning_gym.rows("basic_arithmetic", 1, reasoning_gym.EVAL_SEED)[0]
+            messages = reasoning_gym.messages(row, "fewshot_drawn")
+            first = client.chat.completions.create(model="gemma3-base", messages=messages, max_tokens=16,
+                                                   temperature=0)
+            choice, prompt = first.choices[0], extra(first, "prompt_token_ids")
+            assert prompt == tokenizer.apply_chat_template(messages, add_generation_prompt=True, chat_template=(
+                reasoning_gym.BASE_MODEL_TEMPLATE.read_text()))["input_ids"]
+            sampled = extra(choice, "token_ids")
+            assert choice.finish_reason == "stop" and sampled[-1] == newline[0] and len(sampled) < 16
+            assert choice.message.content.strip() and "\n" not in choice.message.content
+            messages += [choice.message.model_dump(exclude_none=True), {"role": "user", "content": "What is 2 + 2?"}]
+            again = client.chat.completions.create(model="gemma3-base", messages=messages, max_tokens=1)
+            assert extra(again, "prompt_token_ids")[: len(prompt) + len(sampled)] == prompt + sampled
+    finally:
+        server.stop()
