@@ -53,10 +53,10 @@ class ChatFormat:
               reasoning_parser: str = "auto", eos_ids: Iterable[int] = (),
               template_kwargs: dict[str, Any] | None = None, stop_tokens: Iterable[str] = ()) -> "ChatFormat":
         template = ChatTemplate(tokenizer, template_source, template_kwargs)
-        eos_ids = [*eos_ids, *(stop_token_id(tokenizer, text) for text in stop_tokens)]
         tool_name = detect_tool_parser(template.source) if tool_parser == "auto" else tool_parser
         reasoning_name = detect_reasoning_parser(template.source) if reasoning_parser == "auto" else reasoning_parser
-        stop_ids = {i for i in [*eos_ids, tokenizer.eos_token_id, cls._turn_end_id(tokenizer, template)]
+        stop_ids = {i for i in [*eos_ids, *(stop_token_id(tokenizer, text) for text in stop_tokens),
+                                tokenizer.eos_token_id, cls._turn_end_id(tokenizer, template)]
                     if isinstance(i, int) and i >= 0}
         tools, reasoning = make_tool_parser(tool_name), make_reasoning_parser(reasoning_name)
         markers = set(tools.tags) | set(reasoning.markers if reasoning else ())

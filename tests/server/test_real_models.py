@@ -284,7 +284,7 @@ def test_a_base_model_under_plain_text_shots_ends_its_answer_at_the_stop_token(t
     reply's text drops, and the answer comes back token for token in the next prompt."""
     model_dir = converted(gemma3_gguf())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    newline = tokenizer.encode("\n", add_special_tokens=False)
+    [newline] = tokenizer.encode("\n", add_special_tokens=False)
     server = ServerProcess(tmp_path, model=gemma3_gguf(), extra=[
         "--cache-dir", str(CACHE), "--served-model-name", "gemma3-base",
         "--chat-template", str(reasoning_gym.BASE_MODEL_TEMPLATE), "--stop-token", "\\n"]).start(timeout=600)
@@ -298,7 +298,7 @@ def test_a_base_model_under_plain_text_shots_ends_its_answer_at_the_stop_token(t
             assert prompt == tokenizer.apply_chat_template(messages, add_generation_prompt=True, chat_template=(
                 reasoning_gym.BASE_MODEL_TEMPLATE.read_text()))["input_ids"]
             sampled = extra(choice, "token_ids")
-            assert choice.finish_reason == "stop" and sampled[-1] == newline[0] and len(sampled) < 16
+            assert choice.finish_reason == "stop" and sampled[-1] == newline and len(sampled) < 16
             assert choice.message.content.strip() and "\n" not in choice.message.content
             messages += [choice.message.model_dump(exclude_none=True), {"role": "user", "content": "What is 2 + 2?"}]
             again = client.chat.completions.create(model="gemma3-base", messages=messages, max_tokens=1)
