@@ -63,8 +63,7 @@ class LocalServer:
             env["ARTISAN_API_KEY"] = self.api_key
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     pass_fds=[listener.fileno()] if listener else ())
+        self.proc = self._spawn(cmd, env, listener)
         if listener:
             listener.close()  # the server holds its own copy
         deadline = time.time() + timeout
@@ -79,6 +78,11 @@ class LocalServer:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"art-server did not answer /health within {timeout:.0f}s:\n{self._log_tail()}")
+
+    def _spawn(self, cmd: list[str], env: dict[str, str], listener: socket.socket | None) -> subprocess.Popen:
+        assert self._log is not None
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                pass_fds=[listener.fileno()] if listener else ())
 
     def _listener(self) -> socket.socket:
         """The server's socket, listening already, for it to inherit. A port only named on the command

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from client.local_server import ROOT, LocalServer, free_port  # noqa: F401  (ROOT, free_port: used by tests)
+from tests import forkserver
 
 # ART's client lives in an environment of its own (`make test-art`); the main suite leaves it out.
 # vLLM runs from an environment of its own too (`make test-vllm` names its Python), and so do
@@ -75,11 +76,20 @@ def anyio_backend():
 
 
 class ServerProcess(LocalServer):
-    """`art-server` in a subprocess, as a user runs it (on the CPU)."""
+    """`art-server` in a process of its own, as a user runs it (on the CPU): `python -m server.cli`,
+    forked from this worker's fork server (tests/forkserver.py), which has done its imports already.
+    ARTISAN_TEST_FORK=0 starts each one as a new interpreter instead."""
 
     def __init__(self, data_dir: Path, model: Path | None = None, api_key: str | None = None,
                  extra: list[str] | None = None, env: dict[str, str] | None = None, port: int | None = None):
         super().__init__(data_dir, model, api_key, ["--device", "cpu", *(extra or [])], env=env, port=port)
+
+    def _spawn(self, cmd, env, listener):
+        if os.environ.get("ARTISAN_TEST_FORK") == "0" or listener is None:
+            return super()._spawn(cmd, env, listener)
+        assert cmd[:3] == [self.python, "-m", "server.cli"] and cmd[3] == "--fd", cmd
+        return forkserver.shared(ROOT).spawn("server.cli", ["--fd", "{listener}", *cmd[5:]], env, ROOT,
+                                  self._log.fileno(), listener.fileno())
 
 
 @pytest.fixture(scope="session")
