@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from client.local_server import ROOT, LocalServer, free_port  # noqa: F401  (ROOT, free_port: used by tests)
-from tests import forkserver
 
 # ART's client lives in an environment of its own (`make test-art`); the main suite leaves it out.
 # vLLM runs from an environment of its own too (`make test-vllm` names its Python), and so do
@@ -88,8 +87,10 @@ class ServerProcess(LocalServer):
         if os.environ.get("ARTISAN_TEST_FORK") == "0" or listener is None:
             return super()._spawn(cmd, env, listener)
         assert cmd[:3] == [self.python, "-m", "server.cli"] and cmd[3] == "--fd", cmd
+        from tests import forkserver  # here: ART's environments have a `tests` package of their own
+
         return forkserver.shared(ROOT).spawn("server.cli", ["--fd", "{listener}", *cmd[5:]], env, ROOT,
-                                  self._log.fileno(), listener.fileno())
+                                             self._log.fileno(), listener.fileno())
 
 
 @pytest.fixture(scope="session")
