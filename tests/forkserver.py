@@ -57,6 +57,7 @@ def _run_child(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: become `python -m MODULE ARGV` and never return."""
     code = 1
     try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         log, listener = fds
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -93,16 +94,19 @@ def serve(path: str, parent: int) -> None:
     listener.listen(64)
     os.rename(path + ".tmp", path)  # its caller waits for this name: ready once it appears
     children: dict[int, socket.socket] = {}
-    while os.getppid() == parent:
-        readable, _, _ = select.select([listener], [], [], 0.2)
-        _report_exits(children)
-        if readable:
-            _fork(listener, children)
-    for pid in children:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # close(): its servers go with it
+    try:
+        while os.getppid() == parent:
+            readable, _, _ = select.select([listener], [], [], 0.2)
+            _report_exits(children)
+            if readable:
+                _fork(listener, children)
+    finally:
+        for pid in children:  # servers a test left running: a failed test's, or a killed worker's
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def _report_exits(children: dict[int, socket.socket]) -> None:
@@ -225,8 +229,12 @@ class ForkServer:
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
