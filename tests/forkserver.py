@@ -231,7 +231,7 @@ class ForkServer:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
             try:
-                self._proc.wait(timeout=10)
+                self._proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
