@@ -58,6 +58,7 @@ def _run_child(request: dict[str, Any], fds: list[int]) -> None:
     code = 1
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
         log, listener = fds
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -94,9 +95,12 @@ def serve(path: str, parent: int) -> None:
     listener.listen(64)
     os.rename(path + ".tmp", path)  # its caller waits for this name: ready once it appears
     children: dict[int, socket.socket] = {}
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # close(): its servers go with it
+    # close()'s SIGTERM only ends the loop: raised from a handler, it could land between a fork and
+    # the child's entry in `children`, and that server would outlive the fork server
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
     try:
-        while os.getppid() == parent:
+        while os.getppid() == parent and not stopping:
             readable, _, _ = select.select([listener], [], [], 0.2)
             _report_exits(children)
             if readable:
@@ -131,16 +135,23 @@ def _fork(listener: socket.socket, children: dict[int, socket.socket]) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
+    # a SIGTERM for the child before it restores SIGTERM's default would only set the flag of its
+    # copy of the loop: blocked across the fork, it waits in the child until _run_child unblocks it
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
     pid = os.fork()
     if pid == 0:
         listener.close()
         for other in [conn, *children.values()]:
             other.close()
         _run_child(request, fds)
+    children[pid] = conn
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
     for fd in fds:
         os.close(fd)
-    conn.sendall(f"{pid}\n".encode())
-    children[pid] = conn
+    try:
+        conn.sendall(f"{pid}\n".encode())
+    except OSError:
+        pass  # its caller is gone; the child's exit has nowhere to go either, and that is harmless
 
 
 class ForkedProcess:
