@@ -27,6 +27,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -97,10 +98,10 @@ def serve(path: str, parent: int) -> None:
     children: dict[int, socket.socket] = {}
     # close()'s SIGTERM only ends the loop: raised from a handler, it could land between a fork and
     # the child's entry in `children`, and that server would outlive the fork server
-    stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     try:
-        while os.getppid() == parent and not stopping:
+        while os.getppid() == parent and not stopping.is_set():
             readable, _, _ = select.select([listener], [], [], 0.2)
             _report_exits(children)
             if readable:
@@ -110,6 +111,11 @@ def serve(path: str, parent: int) -> None:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
+                pass
+        for pid in children:  # reaped here: a container's init may never reap an orphan's zombie
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
                 pass
 
 
