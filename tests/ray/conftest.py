@@ -11,6 +11,8 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from server.connections.ray_cluster import LOCAL_SYSTEM_CONFIG  # noqa: E402
+
 # Logical CPUs: Ray schedules by them, the two real cores are shared. A replica or trainer process
 # asks for one, so replicas, a data-parallel trainer and rollout workers fit at once.
 WORKER_CPUS = 6
@@ -20,7 +22,10 @@ WORKER_CPUS = 6
 def ray_cluster() -> str:
     """The cluster's address, for `art-server --ray-address` and `client.train --ray-address`."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a test cluster: no token file to share
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    # Its workers at the test's niceness, as the server's own local Ray runs them (Ray's default
+    # puts them at nice 15, where the suites beside this one in CI take the CPU from them).
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                            "_system_config": LOCAL_SYSTEM_CONFIG})
     cluster.add_node(num_cpus=WORKER_CPUS)
     cluster.wait_for_nodes()
     try:

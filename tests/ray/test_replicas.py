@@ -85,6 +85,8 @@ async def test_two_replicas_serve_and_health_shows_each(srv):
     assert [(r["index"], r["state"]) for r in health["replicas"]] == [(0, "up"), (1, "up")]
     pids = {r["pid"] for r in health["replicas"]}
     assert len(pids) == 2 and os.getpid() not in pids
+    # at the niceness of the process that started the cluster, not Ray's default of 15 above it
+    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [os.getpriority(os.PRIO_PROCESS, 0)] * 2
 
     # at once, on a fresh server: the least loaded rule spreads them
     async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
