@@ -60,8 +60,9 @@ class TwoNodes:
         self.ray_address = f"{self.addresses['head']}:{RAY_PORT}"
         # Short: Ray's sockets live under it, and a Unix socket path has at most 107 characters.
         self.temp = tempfile.mkdtemp(prefix="ray2n-")
+        # RAY_worker_niceness: as the README's `ray start` lines set it
         self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_WAIT_POLICY": "PASSIVE",
-                    "RAY_USAGE_STATS_ENABLED": "0"}
+                    "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": "0"}
 
     def on(self, node: str) -> list[str]:
         """The command prefix that runs a command on `node`."""

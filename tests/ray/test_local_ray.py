@@ -8,8 +8,8 @@ import sys
 
 from tests.conftest import ROOT
 
-# The server's connection, in a process of its own (it starts a Ray of its own), niced by 2 so that
-# "the server's niceness" is not also Ray's default of 0 for the driver.
+# The server's connection, in a process of its own (it starts a Ray of its own), run at nice 2: a
+# worker at 2 follows the server, where one fixed at 0 would look right beside a server at 0.
 WORKER_NICENESS = """
 import os
 from server.connections.ray_cluster import connect
