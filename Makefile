@@ -65,7 +65,8 @@ test-slow: install
 	$(PY) -m pytest -q -ra -m "not unit" -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # A real model learns: SmolLM2-135M-Instruct's held-out accuracy on a reasoning-gym task must rise
-# under GRPO through art-server (tests/learning; a few minutes on 2 cores).
+# under GRPO through art-server, and it learns to use tools over several turns from a warm start
+# (tests/learning; 10-15 minutes on 2 cores).
 test-learn: install
 	ARTISAN_LEARNING_TESTS=1 $(PY) -m pytest -q -ra -s tests/learning
 
