@@ -10,8 +10,8 @@ multi-turn episodes token-exact at every step (no prompt mismatch, an on-policy 
 1e-3), its episodes several turns long (tool calls before the answer); and GRPO keeping what the
 warm start taught (the last step within two standard errors of the warm start).
 
-GRPO's own rise over the warm start (+0.17 to +0.23 by seed, in 16-27 minutes of training) is
-bench/tool_agent.py's figure (the README's tool agent section): too long for CI's 2 cores.
+GRPO's own rise over the warm start (+0.17 to +0.23 by seed at its step 8, after 16-36 minutes of
+training) is bench/tool_agent.py's figure (the README's tool agent section): too long for CI's 2 cores.
 Run by `make test-learn` (CI calls it); the figures of its runs are in the README.
 """
 
