@@ -66,7 +66,7 @@ test-slow: install
 
 # A real model learns: SmolLM2-135M-Instruct's held-out accuracy on a reasoning-gym task must rise
 # under GRPO through art-server, and it learns to use tools over several turns from a warm start
-# (tests/learning; 10-15 minutes on 2 cores).
+# (tests/learning; about 15 minutes on one core).
 test-learn: install
 	ARTISAN_LEARNING_TESTS=1 $(PY) -m pytest -q -ra -s tests/learning
 
