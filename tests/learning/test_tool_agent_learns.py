@@ -26,7 +26,7 @@ from client.loop.evaluation import evaluate
 from client.loop.training_loop import train_loop
 from examples import leg_lookup
 from protocol.config import TrainConfig
-from rollouts.env import Task
+from rollouts.env import Example, Task
 from tests.conftest import ServerProcess
 from tests.real_models import CACHE, converted, smollm2_gguf
 
@@ -47,10 +47,8 @@ def smollm2_with_tools(tmp_path_factory):
     server.stop()
 
 
-async def _greedy(model: TrainableModel, tasks: list[Task]) -> tuple[float, float]:
-    """Greedy held-out success of the run's latest step, and its standard error."""
-    example = leg_lookup.make_example()
-    example.settings.temperature = 0.0
+async def _greedy(model: TrainableModel, example: Example, tasks: list[Task]) -> tuple[float, float]:
+    """Held-out success of the run's latest step under `example`'s (greedy) settings, and its standard error."""
     rewards: list[float] = []
     success = await evaluate(model, example, tasks, progress=False, rewards=rewards)
     return success, stderr_of(rewards)
@@ -61,13 +59,15 @@ async def test_smollm2_learns_to_use_tools_over_several_turns(smollm2_with_tools
                      steps=1, groups_per_step=PROMPTS, group_size=GROUP, eval_every=0, eval_tasks=LOOP_EVAL,
                      progress=False, out=tmp_path / "run", train=TrainConfig(learning_rate=LR),
                      warm_start=WarmStart(demonstrations=DEMONSTRATIONS, learning_rate=WARM_START_LR))
-    held_out = leg_lookup.make_example().eval_tasks()[:HELD_OUT]
+    greedy = leg_lookup.make_example()
+    greedy.settings.temperature = 0.0
+    held_out = greedy.eval_tasks()[:HELD_OUT]
     model = await TrainableModel(cfg.run).register(cfg.server)
-    base, _ = await _greedy(model, held_out)
+    base, _ = await _greedy(model, greedy, held_out)
     await train_loop(cfg)  # the warm start, step 1
-    warm, warm_se = await _greedy(model, held_out)
+    warm, warm_se = await _greedy(model, greedy, held_out)
     summary = await train_loop(cfg.model_copy(update={"steps": 1 + STEPS}))
-    last, _ = await _greedy(model, held_out)
+    last, _ = await _greedy(model, greedy, held_out)
 
     grpo = [h for h in summary["history"] if h["trained"]]
     print(f"SmolLM2 tool agent, greedy held-out success: base {base:.3f}, warm start {warm:.3f}, "
