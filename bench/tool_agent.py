@@ -15,6 +15,9 @@ calculator, up to five turns, scored by reasoning-gym's score_answer.
 
     python bench/tool_agent.py            # one JSON line last, a PNG beside it
     python bench/tool_agent.py --quick    # 2 steps of 2 x 4, 8 held-out questions: that it runs
+
+The server's database (every trajectory, its reward and metrics, by step) is kept as
+<out>/artisan.sqlite.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -61,6 +65,17 @@ def drawn_rows(example: leg_lookup.LegLookupExample, seed: int, n: int) -> list[
     return [draw_task(rng, tasks).data["row"] for _ in range(n)]
 
 
+def keep_database(db: Path, kept: Path) -> None:
+    """The run's trajectories outlive the scratch folder: a curve that falls is read from them.
+    SQLite's backup, so that what is still in the write-ahead log is kept too."""
+    source, copy = sqlite3.connect(db), sqlite3.connect(kept)
+    try:
+        source.backup(copy)
+    finally:
+        source.close()
+        copy.close()
+
+
 def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]:
     """The warm start and artisan's GRPO; each evaluated step's adapter exported for the evaluator."""
     from trl_agents import export_peft
@@ -74,6 +89,7 @@ def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]
         warm_seconds = time.perf_counter() - started
         start = export_peft(checkpoints, 1, run_json, work / "adapters" / "artisan-1")
         summary = _train(server, a, work / "grpo", 1 + a.steps)
+    keep_database(data / "artisan.sqlite", a.out / "artisan.sqlite")
     # Training seconds per step: each attempt's sampling, scoring and training, as its line reports.
     seconds, elapsed = {1: 0.0}, 0.0
     for h in summary["history"]:

@@ -11,7 +11,7 @@ from typing import Any
 from client.loop.apo import NothingToRegress, ValueTable
 from client.loop.curriculum import next_level, success_rate
 from client.loop.decline import (best_eval, entropy_collapse, first_entropy, held_out_decline, keep_best_line,
-                                no_held_out_gain)
+                                no_held_out_gain, training_reward_decline)
 from client.errors import ConfigError
 from client.loop.evaluation import eval_line, eval_record, eval_seed, evaluate_on, measure_note
 from client.loop.examples import load_example
@@ -318,10 +318,19 @@ class TrainingLoop:
                                       m.groups_constant_solved, m.groups_total) if result.trained else None
         if collapsing:
             attempt["entropy_collapse"] = collapsing
-        print(step_line(result, extra, timing) + (f"\n  warning: {collapsing}" if collapsing else ""), flush=True)
+        falling = training_reward_decline(self.batch_rewards(attempt))
+        if falling:
+            attempt["training_reward_decline"] = falling
+        print(step_line(result, extra, timing) + "".join(f"\n  warning: {w}" for w in (collapsing, falling) if w),
+              flush=True)
         if result.trained and cfg.eval_every and result.step % cfg.eval_every == 0 and result.step < cfg.steps:
             await self.eval_now()
         return attempt, level
+
+    def batch_rewards(self, attempt: dict[str, Any]) -> list[tuple[int, float]]:
+        """Every attempt's batch reward so far, this one last, each with the step its line names."""
+        return [(h["step"] if h["trained"] else h["step"] + 1, h["reward_mean"])
+                for h in (*self.summary.history, attempt) if h.get("reward_mean") is not None]
 
     async def record(self, outcome: StepOutcome, begun: float) -> dict[str, Any]:
         """One attempt, trained or not: said, and added to the summary's history and to patience."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sqlite3
 import types
 
 import pytest
@@ -27,3 +28,17 @@ def test_trl_is_given_the_questions_client_train_draws_in_its_order(seed, tmp_pa
     drawn = [loop.draw().data["row"]["question"] for _ in range(40)]
     assert [row["question"] for row in bench.drawn_rows(example, seed, 40)] == drawn
     assert len(set(drawn)) > 20  # questions, not one repeated
+
+
+def test_the_servers_database_is_kept_whole_from_its_write_ahead_log(tmp_path):
+    db = sqlite3.connect(tmp_path / "artisan.sqlite")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA wal_autocheckpoint=0")  # the row stays in the log, not the main file
+    db.execute("CREATE TABLE trajectories (step INTEGER, reward REAL)")
+    db.execute("INSERT INTO trajectories VALUES (9, 0.5)")
+    db.commit()
+    bench.keep_database(tmp_path / "artisan.sqlite", tmp_path / "kept.sqlite")
+    db.close()
+    kept = sqlite3.connect(tmp_path / "kept.sqlite")
+    assert kept.execute("SELECT step, reward FROM trajectories").fetchall() == [(9, 0.5)]
+    kept.close()

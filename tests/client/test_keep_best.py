@@ -175,6 +175,45 @@ class _Declining(Example):
         return traj
 
 
+@dataclass
+class _Slipping(_Declining):
+    """Training rewards scripted by the step that sampled them: the rollouts of steps 0-3 score
+    1, 1, 1, 0 in turn (a batch of 0.75), later ones 1, 0, 0, 0 (0.25); each group keeps a spread, so
+    every step trains."""
+
+    served: dict[int, int] = field(default_factory=dict)  # rollouts scored so far, by sampling step
+
+    async def rollout(self, client, model, task):
+        traj = await super().rollout(client, model, task)
+        if task.id.startswith("t") and not isinstance(traj, BaseException):
+            step = int(model.rpartition("@")[2])
+            n = self.served[step] = self.served.get(step, 0) + 1
+            traj.reward = float(n % 4 != 0) if step < 4 else float(n % 4 == 1)
+        return traj
+
+
+async def test_a_training_reward_that_falls_past_the_noise_is_named_on_the_step_that_sees_it(server, tmp_path, capsys):
+    example = _Slipping(name="slipping", settings=RolloutSettings(max_turns=1, max_tokens=6, temperature=1.0),
+                        solved={s: 4 for s in range(9)})
+    cfg = LoopConfig(server=server.url, run="slipping", example="unused", steps=8, groups_per_step=1, group_size=4,
+                     eval_every=0, eval_tasks=8, out=tmp_path, progress=False, seed=3,
+                     train=TrainConfig(learning_rate=1e-3))
+    summary = await train_loop(cfg, example)
+    lines = capsys.readouterr().out.splitlines()
+
+    assert [(h["step"], h["reward_mean"]) for h in summary["history"]] == [(s, 0.75 if s <= 4 else 0.25)
+                                                                           for s in range(1, 9)]
+    at8 = next(i for i, x in enumerate(lines) if x.startswith("step   8 |"))
+    below = lines[at8 + 1:next((i for i in range(at8 + 1, len(lines)) if not lines[i].startswith("  ")), None)]
+    # std of the eight batches over sqrt(4), times 2 sqrt(2): 0.378, below the fall of 0.5
+    assert below[-1] == ("  warning: training reward fell from 0.750 (steps 1-4) to 0.250 (steps 5-8), more "
+                              "than two standard errors (0.378): the policy is getting worse at tasks it solved "
+                              "before, not facing harder ones; read a few failed rollouts, lower --learning-rate, "
+                              "and --keep-best with --eval-every keeps the best step served")
+    assert not any("training reward fell" in x for x in lines[:at8])  # seven batches: too few to compare
+    assert [h["step"] for h in summary["history"] if h.get("training_reward_decline")] == [8]
+
+
 async def test_keep_best_serves_the_best_step_of_a_run_that_fell_and_the_lines_say_so(server, tmp_path, capsys,
                                                                                        monkeypatch):
     # Every step's entropy counts as collapsed: what is checked here is that the step line carries the

@@ -10,8 +10,9 @@ import math
 
 import pytest
 
-from client.loop.decline import (NO_GAIN_STEPS, best_eval, entropy_collapse, first_entropy, held_out_decline,
-                                keep_best_line, no_held_out_gain, stderr_of)
+from client.loop.decline import (NO_GAIN_STEPS, TRAINING_WINDOW, best_eval, entropy_collapse, first_entropy,
+                                held_out_decline, keep_best_line, no_held_out_gain, stderr_of,
+                                training_reward_decline)
 from client.loop.summary import Summary
 from server.api.ui_routes import best_held_out
 
@@ -149,3 +150,24 @@ def test_the_ui_names_the_best_held_out_step_earliest_on_ties():
               {"step": 4, "n": 8, "reward_mean": 0.5}, {"step": 6, "n": 8, "reward_mean": None}]
     assert best_held_out(points) == {"step": 2, "reward": 0.5, "n": 8}
     assert best_held_out([]) is None
+
+
+def test_training_reward_falling_past_the_noise_from_its_best_run_of_batches_is_named():
+    # bench/tool_agent.py's seed 2: its batches rose to 0.58 over steps 4-7, then the policy fell apart
+    batches = list(enumerate([0.25, 0.438, 0.25, 0.562, 0.625, 0.531, 0.594, 0.125, 0.719, 0.562, 0.5, 0.41,
+                              0.125, 0.031], start=1))
+    said = training_reward_decline(batches)
+    rewards = [r for _, r in batches]
+    two_se = 2 * math.sqrt(2) * stderr_of(rewards) * math.sqrt(len(rewards) / TRAINING_WINDOW)
+    assert said.startswith(f"training reward fell from 0.578 (steps 4-7) to 0.266 (steps 11-14), more than two "
+                           f"standard errors ({two_se:.3f}): the policy is getting worse")
+    assert training_reward_decline(batches[:-1]) is None  # 0.356 over steps 10-13: within the noise
+
+
+def test_batches_that_rise_stay_level_or_are_too_few_are_not_a_decline():
+    assert training_reward_decline([(s, 0.1 * s) for s in range(1, 11)]) is None
+    assert training_reward_decline([(s, 0.5) for s in range(1, 11)]) is None  # no noise, no fall
+    assert training_reward_decline([(1, 0.9), (2, 0.9), (3, 0.9), (4, 0.9), (5, 0.0), (6, 0.0), (7, 0.0)]) is None
+    # a window of two batches: the last two against the best two before them
+    assert "fell from 0.500 (steps 1-2) to 0.000 (steps 9-10)" in training_reward_decline(
+        [*((s, 0.5) for s in range(1, 9)), (9, 0.0), (10, 0.0)], window=2)
