@@ -207,9 +207,9 @@ async def test_a_training_reward_that_falls_past_the_noise_is_named_on_the_step_
     below = lines[at8 + 1:next((i for i in range(at8 + 1, len(lines)) if not lines[i].startswith("  ")), None)]
     # std of the eight batches over sqrt(4), times 2 sqrt(2): 0.378, below the fall of 0.5
     assert below[-1] == ("  warning: training reward fell from 0.750 (steps 1-4) to 0.250 (steps 5-8), more "
-                              "than two standard errors (0.378): the policy is getting worse at tasks it solved "
-                              "before, not facing harder ones; read a few failed rollouts, lower --learning-rate, "
-                              "and --keep-best with --eval-every keeps the best step served")
+                         "than two standard errors (0.378): the policy is getting worse at tasks it solved "
+                         "before, not facing harder ones; read a few failed rollouts, lower --learning-rate, "
+                         "and --keep-best with --eval-every keeps the best step served")
     assert not any("training reward fell" in x for x in lines[:at8])  # seven batches: too few to compare
     assert [h["step"] for h in summary["history"] if h.get("training_reward_decline")] == [8]
 
