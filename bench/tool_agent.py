@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +69,8 @@ def drawn_rows(example: leg_lookup.LegLookupExample, seed: int, n: int) -> list[
 def keep_database(db: Path, kept: Path) -> None:
     """The run's trajectories outlive the scratch folder: a curve that falls is read from them.
     SQLite's backup, so that what is still in the write-ahead log is kept too."""
-    source, copy = sqlite3.connect(db), sqlite3.connect(kept)
-    try:
+    with closing(sqlite3.connect(db)) as source, closing(sqlite3.connect(kept)) as copy:
         source.backup(copy)
-    finally:
-        source.close()
-        copy.close()
 
 
 def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]:

@@ -12,6 +12,7 @@ sqrt(n)), so that a noisy evaluation of a few tasks does not cry wolf.
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from client.loop.report import short_float
@@ -132,7 +133,7 @@ def training_reward_decline(batches: list[tuple[int, float]], window: int = TRAI
     latest = sum(rewards[-window:]) / window
     means = [sum(rewards[i:i + window]) / window for i in range(len(rewards) - 2 * window + 1)]
     best = max(range(len(means)), key=lambda i: (means[i], -i))
-    two_se = 2 * math.sqrt(2) * stderr_of(rewards) * math.sqrt(len(rewards) / window)
+    two_se = 2 * math.sqrt(2) * statistics.stdev(rewards) / math.sqrt(window)
     if means[best] - latest <= two_se:
         return None
     return (f"training reward fell from {means[best]:.3f} (steps {batches[best][0]}-{batches[best + window - 1][0]}) "
