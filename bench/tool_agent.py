@@ -16,7 +16,7 @@ calculator, up to five turns, scored by reasoning-gym's score_answer.
     python bench/tool_agent.py            # one JSON line last, a PNG beside it
     python bench/tool_agent.py --quick    # 2 steps of 2 x 4, 8 held-out questions: that it runs
 
-The server's database (every trajectory, its reward and metrics, by step) is kept as
+The server's database (every trained step's trajectories, their rewards and metrics) is kept as
 <out>/artisan.sqlite.
 """
 
