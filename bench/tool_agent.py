@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sqlite3
 import subprocess
 import sys
@@ -39,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client.errors import EXIT_CANNOT_LEARN  # noqa: E402
 from client.local_server import ROOT, LocalServer  # noqa: E402
-from client.loop.training_loop import draw_task  # noqa: E402
+from client.loop.task_draws import TaskDraws  # noqa: E402
 from examples import leg_lookup  # noqa: E402
+from rollouts.env import RolloutSettings  # noqa: E402
 
 RUN = "tool-agent"
 
@@ -62,8 +62,8 @@ def drawn_rows(example: leg_lookup.LegLookupExample, seed: int, n: int) -> list[
     """The first `n` training questions `client.train --seed seed` samples groups of, in its order: TRL's
     step k then sees the questions of artisan's k-th attempt (an attempt that trained nothing draws
     its questions as TRL's step without signal does)."""
-    tasks, rng = example.train_tasks(seed), random.Random(seed)  # LoopConfig.task_seed is --seed
-    return [draw_task(rng, tasks).data["row"] for _ in range(n)]
+    draws = TaskDraws(example.train_tasks(seed), seed)  # LoopConfig.task_seed is --seed
+    return [draws.next().data["row"] for _ in range(n)]
 
 
 def keep_database(db: Path, kept: Path) -> None:
@@ -105,11 +105,13 @@ def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]
             "updates": updates}
 
 
-def curve(model_dir: Path, start: Path, saved: list[dict[str, Any]], eval_rows: list[dict]) -> list[list[float]]:
+def curve(model_dir: Path, start: Path, saved: list[dict[str, Any]], eval_rows: list[dict],
+          settings: RolloutSettings) -> list[list[float]]:
     from tool_agent_trl import greedy_success
 
     points = [(0.0, 0, start), *((s["train_seconds"], s["step"], s["adapter"]) for s in saved)]
-    return [[round(t, 1), step, round(greedy_success(model_dir, adapter, eval_rows), 4)] for t, step, adapter in points]
+    return [[round(t, 1), step, round(greedy_success(model_dir, adapter, eval_rows, settings.max_turns,
+                                                     settings.max_tokens), 4)] for t, step, adapter in points]
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -169,9 +171,12 @@ def main() -> None:
         work = Path(scratch)
         artisan = run_artisan(a, gguf, work)
         result["warm_start"] = {"seconds": artisan["warm_start_seconds"], **(artisan["warm_start"] or {})}
-        result["artisan"] = {"curve": curve(model_dir, artisan["start_adapter"], artisan["saved"], eval_rows),
+        result["artisan"] = {"curve": curve(model_dir, artisan["start_adapter"], artisan["saved"], eval_rows, settings),
                              "updates": artisan["updates"],
                              **({"stopped": artisan["stopped"]} if artisan["stopped"] else {})}
+        # Said now, not only in the last line: TRL's half takes as long again, and a stopped bench keeps this.
+        print(f"artisan's curve [training seconds, step, held-out success]: {result['artisan']['curve']}",
+              file=sys.stderr, flush=True)
         if a.only is None:
             budget = artisan["saved"][-1]["train_seconds"] if artisan["saved"] else None
             train_rows = drawn_rows(example, a.seed, a.steps * a.prompts_per_step)
@@ -180,7 +185,7 @@ def main() -> None:
                             temperature=a.temperature, max_turns=settings.max_turns,
                             max_tokens_per_turn=settings.max_tokens, seed=a.seed, out=work / "trl",
                             save_every=a.eval_every, budget_seconds=budget)
-            result["trl"] = {"curve": curve(model_dir, artisan["start_adapter"], saved, eval_rows)}
+            result["trl"] = {"curve": curve(model_dir, artisan["start_adapter"], saved, eval_rows, settings)}
     for name in ("artisan", "trl"):
         if name in result:
             points = result[name]["curve"]

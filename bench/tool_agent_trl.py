@@ -146,8 +146,8 @@ def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, ste
 
 # ---- held-out measure ---------------------------------------------------------------------------
 
-def greedy_success(model_dir: Path, adapter: Path | None, rows: list[dict], max_turns: int = 5,
-                   max_tokens: int = 128) -> float:
-    """The held-out measure: the mean LegLookupEnv reward of greedy episodes on `rows`."""
+def greedy_success(model_dir: Path, adapter: Path | None, rows: list[dict], max_turns: int, max_tokens: int) -> float:
+    """The held-out measure: the mean LegLookupEnv reward of greedy episodes on `rows`, under the
+    example's turn limits (a caller's own defaults once judged at another limit than training's)."""
     return greedy_reward(model_dir, adapter, [leg_lookup.LegLookupEnv(r) for r in rows],
                          leg_lookup.CHAT_TEMPLATE.read_text(), max_turns, max_tokens)

@@ -13,7 +13,6 @@ teacher, a warm start, off-policy steps, a judge) are refused by name.
 from __future__ import annotations
 
 import json
-import random
 import time
 import uuid
 from typing import Any
@@ -23,6 +22,7 @@ from client.loop.config import LoopConfig
 from client.loop.decline import stderr_of
 from client.loop.evaluation import eval_seed, mean_reward
 from client.loop.report import figure
+from client.loop.task_draws import TaskDraws
 from client.model import TrainableModel
 from client.team import team_groups, train_together
 from protocol.names import policy_name
@@ -74,8 +74,7 @@ class TeamLoop:
         self.cfg, self.example, self.models, self.trained = cfg, example, models, trained
         cfg.out.mkdir(parents=True, exist_ok=True)
         self.held_out = example.eval_tasks()[: cfg.eval_tasks]
-        self.tasks = example.train_tasks(cfg.task_seed)
-        self.rng = random.Random(cfg.task_seed)
+        self.draws = TaskDraws(example.train_tasks(cfg.task_seed), cfg.task_seed)
         self.started = time.time()
         self.summary: dict[str, Any] = {
             "example": example.name, "roles": {r: {"run": m.name, "trained": r in trained} for r, m in models.items()},
@@ -113,7 +112,7 @@ class TeamLoop:
 
     async def train_step(self) -> None:
         cfg, begun, attempt = self.cfg, time.monotonic(), self.step + 1
-        tasks = [self.tasks[self.rng.randrange(len(self.tasks))] for _ in range(cfg.groups_per_step)]
+        tasks = [self.draws.next() for _ in range(cfg.groups_per_step)]
         seed = None if cfg.seed is None else derive_seed(cfg.seed, "train", self.step)
         groups = await team_groups(self.example, self.seats(), tasks, cfg.group_size, seed)
         sampled = time.monotonic() - begun

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from client.loop.report import (StepTiming, curriculum_part, nothing_to_train_li
                            warm_start_line)
 from client.loop.rollout_source import RolloutSource, rollout_source
 from client.loop.summary import Summary, judge_figures, judge_line, plot
+from client.loop.task_draws import TaskDraws
 from protocol.config import SFTConfig
 from protocol.jobs import TrainResult
 from protocol.names import policy_name, split_policy
@@ -101,12 +101,6 @@ async def _with_run(cfg: LoopConfig, example: Example, model: TrainableModel) ->
         rollouts.close()
 
 
-def draw_task(rng: random.Random, tasks: list[Task]) -> Task:
-    """One draw, with replacement: a run of seed s trains its groups on the tasks that repeated draws
-    with random.Random(s) give, in that order (bench/tool_agent.py gives TRL the same questions)."""
-    return tasks[rng.randrange(len(tasks))]
-
-
 class TrainingLoop:
     """One run of `cfg` on a registered, leased model. A step with nothing to train does not advance
     the run: patience (client/loop/patience.py) ends a streak of those."""
@@ -118,12 +112,12 @@ class TrainingLoop:
         cfg.out.mkdir(parents=True, exist_ok=True)
         self.held_out = example.eval_tasks()[: cfg.eval_tasks]  # the starting level's: before and after compare
         self.measure_said = False  # the first evaluation line says what held-out reward measures
-        self.rng, self.drawn = random.Random(cfg.task_seed), []
+        self.drawn: list[Task] = []  # the pipeline's groups' tasks, by index
         self.summary = Summary(cfg.out / "summary.json", cfg.run, resumed_at=model.step)
         self.summary.rollout_workers = rollouts.figures
         self.train_cfg = cfg.train.model_copy(update={"max_steps_off_policy": cfg.max_steps_off_policy})
         # The task source: its level moves with the curriculum; a resumed run takes the level it reached.
-        self.tasks: list[Task] = example.train_tasks(cfg.task_seed)
+        self.draws = TaskDraws(example.train_tasks(cfg.task_seed), cfg.task_seed)
         self.level_success: float | None = None  # the current level's last held-out success
         if cfg.curriculum and self.summary.history:
             self.resume_level()
@@ -178,7 +172,7 @@ class TrainingLoop:
         if last is not None:
             self.example.level = last.get("level_after", last["curriculum_level"])
             self.level_success = last.get("level_success") if self.example.level == last["curriculum_level"] else None
-            self.tasks = self.example.train_tasks(self.cfg.task_seed)
+            self.draws.replace(self.example.train_tasks(self.cfg.task_seed))
 
     async def announce(self) -> None:
         """The run's first line (and that there is nothing to train, when there is not)."""
@@ -238,11 +232,11 @@ class TrainingLoop:
         self.level_success = None if level != example.level else success
         if level != example.level:
             example.level = level
-            self.tasks = example.train_tasks(self.cfg.task_seed)
+            self.draws.replace(example.train_tasks(self.cfg.task_seed))
 
     def draw(self) -> Task:
         """A training task of the current level, by the run's seeded draw."""
-        return draw_task(self.rng, self.tasks)
+        return self.draws.next()
 
     async def reference_value(self, task: Task) -> tuple[Task, Any]:
         """A*-PO: the first task, from `task` on, whose V*(x) estimate can train, and that estimate;
