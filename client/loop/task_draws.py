@@ -23,11 +23,11 @@ class TaskDraws:
 
     def replace(self, tasks: list[Task]) -> None:
         """Another task list (a curriculum's new level): a new pass over it begins at the next draw."""
-        if not tasks:
-            raise ValueError("no training tasks to draw from")
         self.tasks, self.left = tasks, []
 
     def next(self) -> Task:
+        if not self.tasks:  # a run that only evaluates or warm-starts never draws, so only a draw refuses
+            raise ValueError("the example has no training tasks to draw from")
         if not self.left:
             self.left = self.rng.sample(range(len(self.tasks)), len(self.tasks))[::-1]
         return self.tasks[self.left.pop()]
