@@ -75,6 +75,8 @@ class Summary:
         self.keep_best: dict[str, Any] | None = None  # what --keep-best made the run's name serve
         # --warm-start's SFT step (its step, demonstrations, loss): the start GRPO's gain counts from
         self.warm_start: dict[str, Any] | None = previous.get("warm_start") if same else None
+        # Training tasks drawn at the current level: a resumed run goes on with the draws after them.
+        self.tasks_drawn: int = previous.get("tasks_drawn", 0) if same else 0
 
     def judge_totals(self) -> dict[str, int] | None:
         """The judge's figures over every training attempt (see judge_figures)."""
@@ -93,6 +95,7 @@ class Summary:
                    "best_step": best_eval(self.evals),
                    **({"keep_best": self.keep_best} if self.keep_best else {}),
                    **({"warm_start": self.warm_start} if self.warm_start else {}),
+                   "tasks_drawn": self.tasks_drawn,
                    "evals": self.evals, "history": self.history}
         self.path.write_text(json.dumps(summary, indent=2))
         return summary

@@ -24,10 +24,18 @@ class TaskDraws:
     def replace(self, tasks: list[Task]) -> None:
         """Another task list (a curriculum's new level): a new pass over it begins at the next draw."""
         self.tasks, self.left = tasks, []
+        self.drawn = 0  # since this list began: what a resumed run skips to go on where it stopped
+
+    def skip(self, n: int) -> None:
+        """Go on after `n` draws from this list, as a run resumed after drawing them must: starting
+        over would repeat the first pass's questions while the rest wait."""
+        for _ in range(n):
+            self.next()
 
     def next(self) -> Task:
         if not self.tasks:  # a run that only evaluates or warm-starts never draws, so only a draw refuses
             raise ValueError("the example has no training tasks to draw from")
         if not self.left:
             self.left = self.rng.sample(range(len(self.tasks)), len(self.tasks))[::-1]
+        self.drawn += 1
         return self.tasks[self.left.pop()]

@@ -53,3 +53,23 @@ def test_a_runs_groups_do_not_repeat_a_question_before_the_pool_is_spent(tmp_pat
                         types.SimpleNamespace(step=0, base_model=None), None, types.SimpleNamespace(figures=None))
     drawn = [loop.draw().id for _ in range(80)]
     assert len(set(drawn)) == 80
+
+
+def test_a_resumed_run_goes_on_with_the_draws_after_those_it_made(tmp_path):
+    # A resumed run drew from the seed's start again: the first pass's questions came twice while
+    # the rest of the pool waited. summary.json keeps how many it drew, and the resumed loop skips them.
+    example, cfg = leg_lookup.make_example(), LoopConfig(example="leg_lookup", seed=2, out=tmp_path)
+    first = TrainingLoop(cfg, example, types.SimpleNamespace(step=0, base_model=None), None,
+                         types.SimpleNamespace(figures=None))
+    drawn = [first.draw().id for _ in range(20)]
+    assert first.summary.tasks_drawn == 20
+    first.summary.history = [{"step": 1}]
+    first.summary.evals = [{"step": 0, "reward": 0.0}]
+    first.summary.tasks_drawn = 12  # the run stopped after 12 draws, at step 1
+    first.summary.write()
+    resumed = TrainingLoop(cfg, example, types.SimpleNamespace(step=1, base_model=None), None,
+                           types.SimpleNamespace(figures=None))
+    assert [resumed.draw().id for _ in range(8)] == drawn[12:]
+    over = TrainingLoop(cfg, example, types.SimpleNamespace(step=0, base_model=None), None,
+                        types.SimpleNamespace(figures=None))  # a run started over draws from the start
+    assert over.draw().id == drawn[0]
