@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from client.loop.decline import best_eval
+from client.loop.task_draws import TaskDraws
 from protocol.trajectory import TrajectoryGroup
 
 
@@ -75,8 +76,13 @@ class Summary:
         self.keep_best: dict[str, Any] | None = None  # what --keep-best made the run's name serve
         # --warm-start's SFT step (its step, demonstrations, loss): the start GRPO's gain counts from
         self.warm_start: dict[str, Any] | None = previous.get("warm_start") if same else None
-        # Training tasks drawn at the current level: a resumed run goes on with the draws after them.
-        self.tasks_drawn: int = previous.get("tasks_drawn", 0) if same else 0
+        # Training tasks the record's run drew at its level: a resumed run goes on with the draws after them.
+        self.resumed_draws: int = previous.get("tasks_drawn", 0) if same else 0
+        self.draws: TaskDraws | None = None  # the loop's task draws, whose count write() keeps
+
+    @property
+    def tasks_drawn(self) -> int:
+        return self.draws.drawn if self.draws is not None else self.resumed_draws
 
     def judge_totals(self) -> dict[str, int] | None:
         """The judge's figures over every training attempt (see judge_figures)."""

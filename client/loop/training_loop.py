@@ -121,7 +121,8 @@ class TrainingLoop:
         self.level_success: float | None = None  # the current level's last held-out success
         if cfg.curriculum and self.summary.history:
             self.resume_level()
-        self.draws.skip(self.summary.tasks_drawn)
+        self.draws.skip(self.summary.resumed_draws)
+        self.summary.draws = self.draws
         self.values = ValueTable(cfg.value_samples, cfg.value_beta, cfg.skip_unsolved) if apo else None
         self.reference = model.base_model if apo else None
         self.where = RUNS_AT[cfg.run] = {"step": model.step, "in_flight": False}  # what main says on Ctrl-C
@@ -234,13 +235,10 @@ class TrainingLoop:
         if level != example.level:
             example.level = level
             self.draws.replace(example.train_tasks(self.cfg.task_seed))
-            self.summary.tasks_drawn = 0
 
     def draw(self) -> Task:
         """A training task of the current level, by the run's seeded draw."""
-        task = self.draws.next()
-        self.summary.tasks_drawn = self.draws.drawn
-        return task
+        return self.draws.next()
 
     async def reference_value(self, task: Task) -> tuple[Task, Any]:
         """A*-PO: the first task, from `task` on, whose V*(x) estimate can train, and that estimate;

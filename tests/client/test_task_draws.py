@@ -61,12 +61,12 @@ def test_a_resumed_run_goes_on_with_the_draws_after_those_it_made(tmp_path):
     example, cfg = leg_lookup.make_example(), LoopConfig(example="leg_lookup", seed=2, out=tmp_path)
     first = TrainingLoop(cfg, example, types.SimpleNamespace(step=0, base_model=None), None,
                          types.SimpleNamespace(figures=None))
-    drawn = [first.draw().id for _ in range(20)]
-    assert first.summary.tasks_drawn == 20
+    drawn = [first.draw().id for _ in range(12)]
     first.summary.history = [{"step": 1}]
     first.summary.evals = [{"step": 0, "reward": 0.0}]
-    first.summary.tasks_drawn = 12  # the run stopped after 12 draws, at step 1
-    first.summary.write()
+    first.summary.write()  # the run stopped after 12 draws, at step 1
+    drawn += [first.draw().id for _ in range(8)]  # what it would have drawn next
+    assert first.summary.tasks_drawn == 20
     resumed = TrainingLoop(cfg, example, types.SimpleNamespace(step=1, base_model=None), None,
                            types.SimpleNamespace(figures=None))
     assert [resumed.draw().id for _ in range(8)] == drawn[12:]
