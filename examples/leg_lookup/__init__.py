@@ -28,6 +28,7 @@ beside this file (ChatML with Hermes' tool tags, read by art-server's hermes par
 from __future__ import annotations
 
 import ast
+import difflib
 import json
 import operator
 from dataclasses import dataclass
@@ -98,10 +99,14 @@ def animal_of(name: str) -> str | None:
 
 
 def legs(animal: str) -> str:
-    """reasoning-gym's legs for one animal, by its name or its plural."""
+    """reasoning-gym's legs for one animal, by its name or its plural. A name the table lacks is
+    answered with the closest one it has, as a spell-checker would: a misspelt animal ("jelly",
+    "grassman") was the commonest failure of a trained episode, and a hint is what lets the next
+    turn mend it."""
     kind = animal_of(animal)
     if kind is None:
-        raise ToolError(f"unknown animal {animal!r}")
+        closest = difflib.get_close_matches(str(animal).strip().lower(), ANIMALS, n=1, cutoff=0.5)
+        raise ToolError(f"unknown animal {animal!r}" + (f"; did you mean {closest[0]!r}?" if closest else ""))
     return str(ANIMALS[kind])
 
 

@@ -73,10 +73,12 @@ def test_the_calculator_is_arithmetic_and_nothing_else():
 
 
 @pytest.mark.unit
-def test_the_leg_table_is_reasoning_gyms_by_name_or_plural():
+def test_the_leg_table_is_reasoning_gyms_by_name_or_plural_and_names_the_closest_to_a_misspelling():
     assert legs("woodlouses") == legs("Woodlouse") == "14" and legs("sea slug") == "0"
-    with pytest.raises(ToolError):
-        legs("unicorn")
+    with pytest.raises(ToolError, match=r"^unknown animal 'jelly'; did you mean 'jellyfish'\?$"):
+        legs("jelly")
+    with pytest.raises(ToolError, match=r"^unknown animal 'dragon'$"):  # nothing close enough to name
+        legs("dragon")
 
 
 @pytest.mark.unit
