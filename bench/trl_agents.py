@@ -20,12 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rollouts.agent import tool_content
-from rollouts.env import Environment, Score, ToolError
-
-
-def error_text(error: ToolError) -> str:
-    """What artisan's agent shows the model for a rejected call (rollouts/agent.py, _run_tool)."""
-    return f"Error: {error}"
+from rollouts.env import Environment, Score, ToolError, error_text
 
 
 def trl_tool(spec: dict[str, Any], fn: Callable[..., Any]) -> Callable[..., str]:

@@ -107,8 +107,15 @@ class TrajectoryGroup(BaseModel):
         return items
 
 
+def is_target(message: Message) -> bool:
+    """An assistant message SFT trains on. `"weight": 0` makes one context only, as in OpenAI's
+    fine-tuning format: a demonstration can show a mistake and its mending, and train the mending
+    alone."""
+    return isinstance(message, dict) and message.get("role") == "assistant" and message.get("weight", 1) == 1
+
+
 class Conversation(BaseModel):
-    """A demonstration for SFT: every assistant message is a target."""
+    """A demonstration for SFT: every assistant message is a target, but for those of weight 0."""
 
     messages: list[Message] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
@@ -116,8 +123,11 @@ class Conversation(BaseModel):
     @field_validator("messages")
     @classmethod
     def _has_target(cls, messages: list[Message]) -> list[Message]:
-        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
-            raise ValueError("an SFT conversation needs at least one assistant message")
         for i, m in enumerate(messages):
             check_message_calls(m, f"messages[{i}]")
+            if isinstance(m, dict) and "weight" in m and (m.get("role") != "assistant" or m["weight"] not in (0, 1)
+                                                          or isinstance(m["weight"], bool)):
+                raise ValueError(f"messages[{i}]: weight is 0 or 1, and only on an assistant message")
+        if not any(is_target(m) for m in messages):
+            raise ValueError("an SFT conversation needs at least one assistant message of weight 1")
         return messages

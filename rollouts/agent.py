@@ -20,7 +20,7 @@ from openai.types.chat.chat_completion import Choice
 from protocol.choices import Message, malformed_tool_call
 from protocol.retry import RetryPolicy
 from protocol.trajectory import Trajectory
-from rollouts.episode import Environment, RolloutSettings, Task, ToolError
+from rollouts.episode import Environment, RolloutSettings, Task, ToolError, error_text
 from rollouts.seeding import next_request_seed
 
 
@@ -165,4 +165,4 @@ async def _run_tool(env: Environment, name: str, arguments: str) -> Any:
     try:
         return await env.call_tool(name, args)
     except ToolError as e:
-        return f"Error: {e}"
+        return error_text(e)

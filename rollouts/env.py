@@ -17,9 +17,9 @@ from typing import Any, Awaitable, Callable
 from protocol.choices import Message
 from protocol.trajectory import Conversation
 from rollouts.agent import rollout
-from rollouts.episode import Environment, RolloutSettings, Score, Task, ToolError
+from rollouts.episode import Environment, RolloutSettings, Score, Task, ToolError, error_text
 
-__all__ = ["Environment", "Example", "Message", "RolloutSettings", "Score", "Task", "ToolError"]
+__all__ = ["Environment", "Example", "Message", "RolloutSettings", "Score", "Task", "ToolError", "error_text"]
 
 
 @dataclass

@@ -32,6 +32,11 @@ class ToolError(Exception):
     tool's result; this is the agent's mistake, not an infrastructure failure."""
 
 
+def error_text(error: ToolError) -> str:
+    """What the model sees in place of the result of a call its tool rejected."""
+    return f"Error: {error}"
+
+
 class Environment(abc.ABC):
     """One episode. Subclasses set `tools` (OpenAI tool schemas) and implement the methods."""
 

@@ -24,7 +24,7 @@ from openai.types.chat.chat_completion import Choice
 
 from protocol.choices import (SamplingInfo, as_message, check_choice_numbers, choice_logprobs, choice_sampling,
                               choice_token_ids)
-from protocol.trajectory import Conversation, History, TrajectoryGroup
+from protocol.trajectory import Conversation, History, TrajectoryGroup, is_target
 from server.chat.format import ChatFormat
 from server.chat.render import RenderedPrompt
 from server.chat.sampled_turns import PrefixFingerprints, fingerprint
@@ -273,8 +273,9 @@ def _through_last_trained(seq: TrainSequence) -> TrainSequence:
 def assemble_sft(conversation: Conversation, chat: ChatFormat, should_stop: Callable[[], bool] = _never
                  ) -> list[TrainSequence]:
     """A demonstration conversation: every assistant turn's tokens (through the token that ends
-    the turn) are trained, everything else is context. Turns share a sequence while the rendered
-    conversation grows by appending."""
+    the turn) are trained, but for a turn of weight 0; everything else is context. Turns share a
+    sequence while the rendered conversation grows by appending; a sequence with nothing to train
+    is left out."""
     messages, sequences = conversation.messages, []
     seq: TrainSequence | None = None
     for i, m in enumerate(messages):
@@ -297,6 +298,6 @@ def assemble_sft(conversation: Conversation, chat: ChatFormat, should_stop: Call
         # The template closes a turn with its end token and maybe a newline; the newline is template.
         ends = [k for k, t in enumerate(completion) if t in chat.stop_ids]
         end = ends[0] + 1 if ends else len(completion)
-        seq.extend(completion[:end], trained=True)
+        seq.extend(completion[:end], trained=is_target(m))
         seq.extend(completion[end:], trained=False)
-    return sequences
+    return [s for s in sequences if any(s.mask)]
