@@ -17,6 +17,12 @@ out of the sum; also an animal not looked up, a misspelt one ("grassman"), a mal
 is left to remove them.
 Episodes of one animal alone were tried as the warm start first: the model then looked up one
 animal of every question, and no rollout of a several-animal question ever earned reward.
+Also tried: a lookup that names the closest animal to one it does not know, with one
+demonstration in four misnaming an animal and looking up the suggested name next (the slip at
+weight 0, so SFT trains only the mending). Without such demonstrations the model never looked up
+again after a refusal (0 of 59 training episodes); with them it looked animals up again after
+calculating, refused or not, and seed 2's first seven training batches scored 0.05-0.38 against
+0.16-0.69 without them.
 
 SmolLM2's own chat template renders no tools; serve this example with `chat_template.jinja`
 beside this file (ChatML with Hermes' tool tags, read by art-server's hermes parser):
@@ -28,7 +34,6 @@ beside this file (ChatML with Hermes' tool tags, read by art-server's hermes par
 from __future__ import annotations
 
 import ast
-import difflib
 import json
 import operator
 from dataclasses import dataclass
@@ -40,7 +45,7 @@ from reasoning_gym.arithmetic.leg_counting import ANIMALS
 
 from protocol.trajectory import Conversation
 from rewards.reasoning_gym import score_reply
-from rollouts.env import Environment, Example, Message, RolloutSettings, Score, Task, ToolError, error_text
+from rollouts.env import Environment, Example, Message, RolloutSettings, Score, Task, ToolError
 
 CHAT_TEMPLATE = Path(__file__).with_name("chat_template.jinja")
 SYSTEM_PROMPT = "Look up each animal's legs, calculate the total, then reply with only the number."
@@ -58,7 +63,6 @@ TOOLS: list[dict[str, Any]] = [
 TASK = dict(min_animals=3, max_animals=4, min_instances=1, max_instances=4)
 DEMONSTRATION_TASK = dict(TASK, min_animals=2, max_animals=3)
 TRAIN_SEED, EVAL_SEED, WARM_START_SEED = 0, 10_000, 20_000  # each its own draw of questions
-MENDED_EVERY = 4  # one demonstration in four misnames an animal and mends it
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.USub: operator.neg, ast.UAdd: operator.pos}
@@ -100,14 +104,10 @@ def animal_of(name: str) -> str | None:
 
 
 def legs(animal: str) -> str:
-    """reasoning-gym's legs for one animal, by its name or its plural. A name the table lacks is
-    answered with the closest one it has, as a spell-checker would: a misspelt animal ("jelly",
-    "grassman") was the commonest failure of a trained episode, and a hint is what lets the next
-    turn mend it."""
+    """reasoning-gym's legs for one animal, by its name or its plural."""
     kind = animal_of(animal)
     if kind is None:
-        closest = difflib.get_close_matches(str(animal).strip().lower(), ANIMALS, n=1, cutoff=0.5)
-        raise ToolError(f"unknown animal {animal!r}" + (f"; did you mean {closest[0]!r}?" if closest else ""))
+        raise ToolError(f"unknown animal {animal!r}")
     return str(ANIMALS[kind])
 
 
@@ -124,47 +124,19 @@ def _calls(turn: int, calls: list[tuple[str, dict[str, str]]]) -> list[dict[str,
             for i, (name, args) in enumerate(calls)]
 
 
-def lookup_result(animal: str) -> str:
-    """The `legs` tool's reply as the model sees it, a refusal included."""
-    try:
-        return legs(animal)
-    except ToolError as e:
-        return error_text(e)
-
-
-def misnamed(animal: str) -> str:
-    """`animal` cut short by two letters, or one, as the lookup refuses it and names `animal` as the
-    closest it knows (as the model's own slips are: "jelly", "grassman")."""
-    for name in (animal[:-2], animal[:-1]):
-        if lookup_result(name).endswith(f"did you mean {animal!r}?"):
-            return name
-    raise ValueError(f"no misspelling of {animal!r} that the lookup mends")
-
-
-def demonstration(row: dict[str, Any], mended: bool = False) -> Conversation:
+def demonstration(row: dict[str, Any]) -> Conversation:
     """A worked episode of `row`: every animal looked up in one turn, their total calculated in the
-    next, the result as the answer. `mended`: the lookups misname the animal of the longest name, and
-    the next turn looks up the name the refusal suggests. That first turn has weight 0 (context, not
-    a target), so SFT trains the mending and not the slip: without such episodes the warm-started
-    model never looked an animal up again after a refusal (0 of 59 training episodes)."""
+    next, the result as the answer."""
     animals: dict[str, int] = row["metadata"]["animals"]
-    slip = max(animals, key=len) if mended else None
-    lookups = _calls(0, [("legs", {"animal": misnamed(a) if a == slip else a}) for a in animals])
-    turns: list[Message] = [
-        {"role": "assistant", "content": "", "tool_calls": lookups} | ({"weight": 0} if slip else {}),
-        *({"role": "tool", "tool_call_id": c["id"], "content": lookup_result(json.loads(c["function"]["arguments"])[
-            "animal"])} for c in lookups)]
-    if slip:
-        again = _calls(1, [("legs", {"animal": slip})])
-        turns += [{"role": "assistant", "content": "", "tool_calls": again},
-                  {"role": "tool", "tool_call_id": again[0]["id"], "content": legs(slip)}]
+    lookups = _calls(0, [("legs", {"animal": a}) for a in animals])
     expression = " + ".join(f"{n} * {legs(a)}" for a, n in animals.items())
     total = calculate(expression)
-    sums = _calls(2 if slip else 1, [("calculate", {"expression": expression})])
     return Conversation(messages=[
-        *opening(row), *turns,
-        {"role": "assistant", "content": "", "tool_calls": sums},
-        {"role": "tool", "tool_call_id": sums[0]["id"], "content": total},
+        *opening(row),
+        {"role": "assistant", "content": "", "tool_calls": lookups},
+        *({"role": "tool", "tool_call_id": c["id"], "content": legs(a)} for c, a in zip(lookups, animals)),
+        {"role": "assistant", "content": "", "tool_calls": _calls(1, [("calculate", {"expression": expression})])},
+        {"role": "tool", "tool_call_id": "call_1_0", "content": total},
         {"role": "assistant", "content": total}], tools=TOOLS)
 
 
@@ -221,7 +193,7 @@ class LegLookupExample(Example):
         # three kinds can repeat one).
         held_out = {t.data["row"]["question"] for t in self.eval_tasks()}
         fresh = [r for r in rows(DEMONSTRATION_TASK, 2 * n, WARM_START_SEED) if r["question"] not in held_out]
-        return [demonstration(r, mended=i % MENDED_EVERY == MENDED_EVERY - 1) for i, r in enumerate(fresh[:n])]
+        return [demonstration(r) for r in fresh[:n]]
 
 
 def make_example(**kwargs: Any) -> LegLookupExample:

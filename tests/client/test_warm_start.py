@@ -9,9 +9,8 @@ import subprocess
 import httpx
 import pytest
 
-from examples.leg_lookup import (DEMONSTRATION_TASK, TASK, LegLookupEnv, LegLookupExample, calculate, demonstration,
-                                 legs, misnamed, rows)
-from rollouts.env import ToolError, error_text
+from examples.leg_lookup import TASK, LegLookupEnv, LegLookupExample, calculate, demonstration, legs, rows
+from rollouts.env import ToolError
 from server.runs.checkpoints import read_optimizer
 from tests.helpers import train_cli
 
@@ -74,12 +73,10 @@ def test_the_calculator_is_arithmetic_and_nothing_else():
 
 
 @pytest.mark.unit
-def test_the_leg_table_is_reasoning_gyms_by_name_or_plural_and_names_the_closest_to_a_misspelling():
+def test_the_leg_table_is_reasoning_gyms_by_name_or_plural():
     assert legs("woodlouses") == legs("Woodlouse") == "14" and legs("sea slug") == "0"
-    with pytest.raises(ToolError, match=r"^unknown animal 'jelly'; did you mean 'jellyfish'\?$"):
-        legs("jelly")
-    with pytest.raises(ToolError, match=r"^unknown animal 'dragon'$"):  # nothing close enough to name
-        legs("dragon")
+    with pytest.raises(ToolError):
+        legs("unicorn")
 
 
 @pytest.mark.unit
@@ -100,31 +97,7 @@ async def test_a_demonstration_is_an_episode_the_environment_scores_1():
     # (the start must not already solve them), none of them a held-out question
     demos = LegLookupExample().demonstrations(256)
     assert len(demos) == 256 and {len(d.messages[2]["tool_calls"]) for d in demos} == {2, 3}
-    assert sum(d.messages[2].get("weight") == 0 for d in demos) == 256 // 4  # the mended ones
     held_out = [t.data["row"] for t in LegLookupExample().eval_tasks()]
     assert {len(r["metadata"]["animals"]) for r in held_out} == {3, 4}
     assert not {r["question"] for r in held_out} & {d.messages[1]["content"] for d in demos}
 
-
-
-@pytest.mark.unit
-async def test_a_mended_demonstration_shows_the_refusal_the_environment_gives_and_trains_the_mending():
-    row = rows(DEMONSTRATION_TASK, 1, 5)[0]
-    demo = demonstration(row, mended=True)
-    env, slip = LegLookupEnv(row), max(row["metadata"]["animals"], key=len)
-    replies = {}
-    for message in demo.messages:
-        for call in message.get("tool_calls") or []:
-            try:
-                replies[call["id"]] = await env.call_tool(call["function"]["name"],
-                                                          json.loads(call["function"]["arguments"]))
-            except ToolError as e:
-                replies[call["id"]] = error_text(e)
-    shown = {m["tool_call_id"]: m["content"] for m in demo.messages if m["role"] == "tool"}
-    assert shown == replies  # each tool message is what the environment answers that call
-    assert f"did you mean {slip!r}?" in "".join(shown.values())
-    first, again = [m for m in demo.messages if m.get("tool_calls")][:2]
-    assert first["weight"] == 0 and "weight" not in again  # the slip is context; the mending is trained
-    assert [json.loads(c["function"]["arguments"]) for c in again["tool_calls"]] == [{"animal": slip}]
-    assert (await env.score(demo.messages)).reward == 1.0
-    assert misnamed("grasshopper") == "grasshopp" and misnamed("beetle") == "beetl"  # "beet" would suggest "bee"
