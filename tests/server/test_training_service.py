@@ -157,6 +157,21 @@ async def test_sft_lowers_loss_on_its_demonstrations(server):
     assert second.metrics.loss < first.metrics.loss
 
 
+async def test_an_sft_turn_of_weight_0_is_context_through_the_server_and_a_bad_weight_is_refused(server):
+    model = await TrainableModel("sft-weight").register(server.url)
+    conv = demo.demonstration(demo.make_example().train_tasks(5)[0], False, random.Random(0))  # a call, then the answer
+    first = next(i for i, m in enumerate(conv) if m["role"] == "assistant")
+    slip = [m | {"weight": 0} if i == first else m for i, m in enumerate(conv)]
+    whole, mended = await model.train_sft([conv]), await model.train_sft([slip])
+    assert 0 < mended.metrics.trainable_tokens < whole.metrics.trainable_tokens
+    body = {"kind": "sft", "conversations": [{"messages": [m | {"weight": 2} if i == first else m
+                                                           for i, m in enumerate(conv)]}]}
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        r = await http.post("/v1/runs/sft-weight/jobs", json=body)
+    assert r.status_code == 400 and "weight is 0 or 1" in r.json()["error"]["message"], r.text
+    assert await model.get_step() == 2
+
+
 async def test_bad_training_input_gets_clear_4xx_and_server_keeps_working(server):
     model = await TrainableModel("badinput").register(server.url)
     good = with_rewards(await demo_groups(model, 1, 2, seed=6), [[0.0, 1.0]])
