@@ -274,8 +274,9 @@ def assemble_sft(conversation: Conversation, chat: ChatFormat, should_stop: Call
                  ) -> list[TrainSequence]:
     """A demonstration conversation: every assistant turn's tokens (through the token that ends
     the turn) are trained, but for a turn of weight 0; everything else is context. Turns share a
-    sequence while the rendered conversation grows by appending; a sequence ends at its last trained
-    token, and one with nothing to train is left out."""
+    sequence while the rendered conversation grows by appending; a sequence with nothing to train is
+    left out. (A closing turn of weight 0 is still encoded: cutting it would change how every other
+    demonstration's sequences are packed, and so every seeded warm start's figures.)"""
     messages, sequences = conversation.messages, []
     seq: TrainSequence | None = None
     for i, m in enumerate(messages):
@@ -300,4 +301,4 @@ def assemble_sft(conversation: Conversation, chat: ChatFormat, should_stop: Call
         end = ends[0] + 1 if ends else len(completion)
         seq.extend(completion[:end], trained=is_target(m))
         seq.extend(completion[end:], trained=False)
-    return [_through_last_trained(s) for s in sequences if any(s.mask)]
+    return [s for s in sequences if any(s.mask)]
