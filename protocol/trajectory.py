@@ -125,9 +125,10 @@ class Conversation(BaseModel):
     def _has_target(cls, messages: list[Message]) -> list[Message]:
         for i, m in enumerate(messages):
             check_message_calls(m, f"messages[{i}]")
-            if isinstance(m, dict) and "weight" in m and (m.get("role") != "assistant" or m["weight"] not in (0, 1)
-                                                          or isinstance(m["weight"], bool)):
-                raise ValueError(f"messages[{i}]: weight is 0 or 1, and only on an assistant message")
+            if isinstance(m, dict) and "weight" in m:
+                weight = m["weight"]
+                if m.get("role") != "assistant" or isinstance(weight, bool) or weight not in (0, 1):
+                    raise ValueError(f"messages[{i}]: weight is 0 or 1, and only on an assistant message")
         if not any(is_target(m) for m in messages):
             raise ValueError("an SFT conversation needs at least one assistant message of weight 1")
         return messages
