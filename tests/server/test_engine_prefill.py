@@ -145,10 +145,7 @@ def _assert_exact(host: ModelHost, requests: list[GenRequest]) -> None:
 def _step(engine: TorchEngine) -> None:
     """One iteration of the engine's loop, in this thread."""
     with torch.inference_mode():
-        engine._prefill(engine._admit())
-        engine._drop_cancelled()
-        if engine._rows:
-            engine._decode_step()
+        engine._step(engine._admit())
 
 
 def test_rows_leave_and_join_through_free_slots_without_copying_the_batch(host, monkeypatch):
