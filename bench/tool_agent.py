@@ -51,7 +51,7 @@ def _train(server: LocalServer, a: argparse.Namespace, out: Path, steps: int) ->
            "--steps", str(steps), "--groups-per-step", str(a.prompts_per_step), "--group-size", str(a.group_size),
            "--learning-rate", str(a.lr), "--temperature", str(a.temperature), "--warm-start", str(a.warm_start),
            "--warm-start-learning-rate", str(a.warm_start_lr), "--eval-every", "0", "--eval-tasks", "1",
-           "--seed", str(a.seed), "--no-progress", "--out", str(out)]
+           "--seed", str(a.seed), "--dynamic-sampling", str(a.dynamic_sampling), "--no-progress", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT)
     if done.returncode not in (0, EXIT_CANNOT_LEARN):  # a run that stopped learning is a result, kept
         raise SystemExit(f"client.train exited {done.returncode}")
@@ -146,6 +146,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float,
                     help="both trainers' sampling temperature (the example's own by default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dynamic-sampling", type=int, default=0,
+                    help="artisan's: groups a step sampled in place of groups that scored alike (TRL has none)")
     ap.add_argument("--only", choices=["artisan"], help="skip TRL")
     ap.add_argument("--quick", action="store_true", help="2 steps of 2 x 4, 8 held-out questions, 32 demonstrations")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench-tool-agent")

@@ -10,6 +10,10 @@ One loop for every bound S (`max_steps_off_policy`); S = 0 is synchronous traini
 - A batch is submitted as soon as `groups_per_step` groups are ready, in the order they finished,
   stating the bound (TrainConfig.max_steps_off_policy): a straggler overtaken by later groups is
   dropped and counted by the server, which reads each choice's sampling record.
+- Dynamic sampling (DAPO's): a group `set_aside` picks (its rollouts all scored alike, so it would
+  train nothing) is kept out of the batch, and another group is sampled in its place, up to
+  `max_set_aside` a batch; past that, groups go in as they come. A synchronous run's batch is then
+  put in the order its groups started, so that a seeded run repeats whatever order they finish in.
 - Every batch is journalled before it is submitted and forgotten once its result is in. A run
   restarted after an interruption resubmits a journalled batch with the same idempotency key
   (derived from its content), so the server trains it once whether or not it had already.
@@ -42,6 +46,10 @@ SampleGroup = Callable[[str, int], Awaitable[TrajectoryGroup]]
 TrainBatch = Callable[[list[TrajectoryGroup], str], Awaitable[TrainResult]]
 # the steps still sampled from -> keep their adapters loaded, unload the others
 Retain = Callable[[set[int]], Awaitable[Any]]
+# a finished group -> True to sample another in its place (dynamic sampling)
+SetAside = Callable[[TrajectoryGroup], bool]
+# (group, step it was sampled from, its index in the run)
+Sampled = tuple[TrajectoryGroup, int, int]
 
 
 @dataclass
@@ -54,6 +62,7 @@ class StepOutcome:
     result: TrainResult | None = None
     error: TooManyExceptions | None = None
     resumed: bool = False  # a journalled batch from an interrupted run
+    set_aside: list[TrajectoryGroup] = field(default_factory=list)  # sampled, and replaced by dynamic sampling
 
 
 def batch_key(run: str, groups: list[TrajectoryGroup]) -> str:
@@ -95,9 +104,10 @@ class _State:
     served: int  # the newest step the server serves
     training: bool = False
     sampling: int = 0
-    ready: list[tuple[TrajectoryGroup, int]] = field(default_factory=list)  # (group, sampled step), as finished
+    ready: list[Sampled] = field(default_factory=list)  # as finished
     started: int = 0  # groups started, for the sampler's index
     in_flight: Counter = field(default_factory=Counter)  # step -> groups sampling from it
+    aside: list[Sampled] = field(default_factory=list)  # set aside since the last batch was taken
 
 
 class Pipeline:
@@ -106,12 +116,14 @@ class Pipeline:
 
     def __init__(self, sample_group: SampleGroup, train_batch: TrainBatch, *, run: str, served_step: int,
                  groups_per_step: int, max_steps_off_policy: int, journal: Journal | None = None,
-                 max_exceptions: int | float = 0.5, retain: Retain | None = None):
+                 max_exceptions: int | float = 0.5, retain: Retain | None = None,
+                 set_aside: SetAside | None = None, max_set_aside: int = 0):
         if groups_per_step < 1 or max_steps_off_policy < 0:
             raise ValueError("groups_per_step must be >= 1 and max_steps_off_policy >= 0")
         self.sample_group, self.train_batch, self.run = sample_group, train_batch, run
         self.groups_per_step, self.bound = groups_per_step, max_steps_off_policy
         self.journal, self.max_exceptions, self.retain = journal, max_exceptions, retain
+        self.set_aside, self.max_set_aside = set_aside, max_set_aside
         self.state = _State(served=served_step)
         self._changed = asyncio.Condition()
         self._until = served_step
@@ -144,18 +156,35 @@ class Pipeline:
                     self.state.in_flight += Counter()  # drops the steps no group samples from
                     self._changed.notify_all()
             async with self._changed:
-                self.state.ready.append((group, step))
+                s = self.state
+                if self.set_aside is not None and len(s.aside) < self.max_set_aside and self.set_aside(group):
+                    s.aside.append((group, step, index))  # one fewer ahead: a worker starts one in its place
+                else:
+                    s.ready.append((group, step, index))
                 self._changed.notify_all()
 
-    async def _take_batch(self) -> list[tuple[TrajectoryGroup, int]]:
+    async def _take_batch(self) -> tuple[list[Sampled], list[Sampled]]:
+        """The next batch, and the groups set aside while it filled."""
         async with self._changed:
             await self._changed.wait_for(lambda: len(self.state.ready) >= self.groups_per_step)
             batch = self.state.ready[: self.groups_per_step]
             del self.state.ready[: self.groups_per_step]
+            set_aside, self.state.aside = self.state.aside, []
+            if self.set_aside is not None and self.bound == 0:
+                batch, set_aside = self._by_index(batch, set_aside)
             # Taken and marked training at once: no worker may see the batch gone and the trainer idle.
             self.state.training = True
             self._changed.notify_all()
-            return batch
+            return batch, set_aside
+
+    def _by_index(self, batch: list[Sampled], set_aside: list[Sampled]) -> tuple[list[Sampled], list[Sampled]]:
+        """A synchronous batch whose every group has finished, in index order. Which groups started
+        does not depend on the order they finished in (one starts for each set aside), but once the
+        cap was reached, which of the groups to set aside went into the batch did: the lowest indices
+        are the ones set aside."""
+        groups = sorted([*batch, *set_aside], key=lambda e: e[2])
+        aside = {e[2] for e in [e for e in groups if self.set_aside(e[0])][: len(set_aside)]}
+        return [e for e in groups if e[2] not in aside], [e for e in groups if e[2] in aside]
 
     async def _train(self, key: str, groups: list[TrajectoryGroup]) -> TrainResult:
         async with self._changed:
@@ -191,8 +220,9 @@ class Pipeline:
                 yield StepOutcome(groups, [None] * len(groups), result, resumed=True)
             tasks = [asyncio.create_task(self._worker(), name=f"rollout-worker-{i}") for i in range(n_workers)]
             while self.state.served < until_step:
-                batch = await self._first(self._take_batch(), tasks)
-                groups, sampled = [g for g, _ in batch], [s for _, s in batch]
+                batch, aside = await self._first(self._take_batch(), tasks)
+                groups, sampled = [g for g, _, _ in batch], [s for _, s, _ in batch]
+                set_aside = [g for g, _, _ in aside]
                 try:
                     rollouts = sum(len(g.trajectories) + len(g.exceptions) for g in groups)
                     check_exceptions(groups, rollouts, self.max_exceptions)
@@ -200,13 +230,13 @@ class Pipeline:
                     async with self._changed:
                         self.state.training = False
                         self._changed.notify_all()
-                    yield StepOutcome(groups, sampled, error=exc)
+                    yield StepOutcome(groups, sampled, error=exc, set_aside=set_aside)
                     continue
                 key = batch_key(self.run, groups)
                 if self.journal is not None:
                     self.journal.add(key, groups)
                 result = await self._first(self._train(key, groups), tasks)
-                yield StepOutcome(groups, sampled, result)
+                yield StepOutcome(groups, sampled, result, set_aside=set_aside)
         finally:
             for t in tasks:
                 t.cancel()

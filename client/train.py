@@ -107,6 +107,10 @@ def main(
     patience: int = typer.Option(default(LoopConfig, "patience"), help="Stop, with exit status 3 and the cause, after "
                                  "this many attempts in a row that trained nothing (e.g. every rollout scored the "
                                  "same)."),
+    dynamic_sampling: int = typer.Option(default(LoopConfig, "dynamic_sampling"), help="DAPO's dynamic sampling: "
+                                         "up to this many groups a step are sampled in place of groups whose "
+                                         "rollouts all scored alike, so that a step trains on groups with signal "
+                                         "(0: off)."),
     max_steps_off_policy: int = typer.Option(default(LoopConfig, "max_steps_off_policy"), help="Keep sampling while a "
                                              "step trains, from the newest step, with no group trained more than "
                                              "this many steps stale (0: synchronous)."),
@@ -164,6 +168,7 @@ def config_options(o: dict[str, Any], example_args: list[str]) -> dict[str, Any]
                 eval_every=o["eval_every"], eval_tasks=o["eval_tasks"], seed=o["seed"], out=o["out"],
                 reward=o["reward"], judge=o["judge"], progress=o["progress"], patience=o["patience"],
                 max_steps_off_policy=o["max_steps_off_policy"], retry_seconds=o["retry_seconds"],
+                dynamic_sampling=o["dynamic_sampling"],
                 train={"learning_rate": o["learning_rate"], "loss": o["loss"], "num_minibatches": o["num_minibatches"],
                        "epochs": o["epochs"], "baseline": o["baseline"], "apo_beta": o["apo_beta"],
                        "distill": None if o["teacher"] is None else {

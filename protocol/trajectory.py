@@ -107,6 +107,13 @@ class TrajectoryGroup(BaseModel):
         return items
 
 
+def rewards_differ(group: TrajectoryGroup, min_spread: float) -> bool:
+    """Whether a group's rewards differ by `min_spread` or more: only such a group carries a
+    group-relative signal (the server drops the others as constant, server/training/advantages.py)."""
+    rewards = [t.reward for t in group.trajectories]
+    return len(rewards) > 1 and max(rewards) - min(rewards) >= min_spread
+
+
 def is_target(message: Message) -> bool:
     """An assistant message SFT trains on. `"weight": 0` makes one context only, as in OpenAI's
     fine-tuning format: a demonstration can show a mistake and its mending, and train the mending

@@ -35,6 +35,9 @@ class LoopConfig(BaseModel):
     eval_tasks: int = Field(default=64, ge=1)
     # Attempts in a row that may train nothing before the loop gives up (see client/loop/patience.py).
     patience: int = Field(default=3, ge=1)
+    # DAPO's dynamic sampling (client/pipeline.py): up to this many groups a step are sampled in place
+    # of groups whose rollouts all scored alike, so that a step trains on groups with signal; 0: off.
+    dynamic_sampling: int = Field(default=0, ge=0, le=1024)
     # Steps a group's sampler may be behind the weights that train it (client/pipeline.py); 0 is
     # synchronous: no sampling while a step trains.
     max_steps_off_policy: int = Field(default=0, ge=0, le=64)

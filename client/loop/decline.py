@@ -106,15 +106,16 @@ def no_held_out_gain(evals: list[dict[str, Any]], start_step: int, run_steps: in
 
 
 def _no_gain_cause(history: list[dict[str, Any]], learning_rate: float | None) -> str:
-    total = sum(h.get("groups_total") or 0 for h in history)
-    constant = sum(h.get("groups_dropped_constant") or 0 for h in history)
+    aside = sum(h.get("groups_set_aside") or 0 for h in history)  # --dynamic-sampling's: constant too
+    total = aside + sum(h.get("groups_total") or 0 for h in history)
+    constant = aside + sum(h.get("groups_dropped_constant") or 0 for h in history)
     if not total:
         return "the run is training but not learning"
     share = 1 - constant / total
     if share < FEW_GROUPS_WITH_SIGNAL:
         return (f"only {share:.0%} of its groups had a reward spread to learn from (in the rest every rollout scored "
-                f"the same): more rollouts per task (--group-size), or tasks it sometimes solves (--warm-start, "
-                f"--curriculum, an easier prompt)")
+                f"the same): more rollouts per task (--group-size), other groups sampled in their place "
+                f"(--dynamic-sampling), or tasks it sometimes solves (--warm-start, --curriculum, an easier prompt)")
     lr = f", now {short_float(learning_rate)}" if learning_rate else ""
     return (f"{share:.0%} of its groups had a reward spread, so its steps trained: too small a learning rate "
             f"(--learning-rate{lr}), or a training reward that rises without carrying over to the held-out tasks "

@@ -35,6 +35,14 @@ def attempt_record(groups: list[TrajectoryGroup], result: TrainResult) -> dict[s
             "first_exception": next((e for g in groups for e in g.exceptions), None)}
 
 
+def set_aside_record(groups: list[TrajectoryGroup], set_aside: list[TrajectoryGroup]) -> dict[str, Any]:
+    """Dynamic sampling's part of an attempt's record: the groups kept out of the batch, and the
+    reward over every rollout sampled (the batch's own mean leaves out the groups that scored alike)."""
+    rewards = [t.reward for g in (*groups, *set_aside) for t in g.trajectories]
+    return {"groups_set_aside": len(set_aside),
+            "reward_mean_sampled": sum(rewards) / len(rewards) if rewards else None}
+
+
 def failed_rollouts_record(step: int, error: Exception) -> dict[str, Any]:
     """An attempt whose rollouts failed too often to be trained on (gather's TooManyExceptions)."""
     return {"step": step, "trained": False, "rollouts_failed": str(error), "warnings": [str(error)]}

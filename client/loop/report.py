@@ -98,6 +98,11 @@ def _advantage_part(m: StepMetrics) -> str:
             f"({m.advantage_positive_fraction:.0%} > 0)")
 
 
+def set_aside_part(n: int) -> str:
+    """Dynamic sampling: how many groups were sampled in place of groups whose rollouts all scored alike."""
+    return f" | {n} set aside (scored alike)"
+
+
 def curriculum_part(level: int, success: float | None) -> str:
     return f" | level {level}" + ("" if success is None else f" (held-out success {success:.2f})")
 

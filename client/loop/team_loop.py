@@ -31,7 +31,7 @@ from rollouts.seeding import derive_seed
 from rollouts.team import Seat, TeamExample
 
 UNSUPPORTED = {"ray": "--ray-address", "curriculum": "--curriculum", "warm_start": "--warm-start",
-               "judge": "--judge", "keep_best": "--keep-best"}
+               "judge": "--judge", "keep_best": "--keep-best", "dynamic_sampling": "--dynamic-sampling"}
 
 
 def check_team_config(cfg: LoopConfig, example: TeamExample) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from functools import partial
 from typing import Any
 
 from client.loop.apo import NothingToRegress, ValueTable
@@ -16,18 +17,18 @@ from client.loop.evaluation import eval_line, eval_record, eval_seed, evaluate_o
 from client.loop.examples import load_example
 from client.loop.config import LoopConfig
 from client.model import TrainableModel
-from client.loop.patience import Patience, attempt_record, failed_rollouts_record
+from client.loop.patience import Patience, attempt_record, failed_rollouts_record, set_aside_record
 from client.pipeline import Journal, Pipeline, StepOutcome
 from client.loop.ray_rollouts import check_ray_address
-from client.loop.report import (StepTiming, curriculum_part, nothing_to_train_line, retry_line, run_line, step_line,
-                           warm_start_line)
+from client.loop.report import (StepTiming, curriculum_part, nothing_to_train_line, retry_line, run_line,
+                                set_aside_part, step_line, warm_start_line)
 from client.loop.rollout_source import RolloutSource, rollout_source
 from client.loop.summary import Summary, judge_figures, judge_line, plot
 from client.loop.task_draws import TaskDraws
 from protocol.config import SFTConfig
 from protocol.jobs import TrainResult
 from protocol.names import policy_name, split_policy
-from protocol.trajectory import TrajectoryGroup
+from protocol.trajectory import TrajectoryGroup, rewards_differ
 from rollouts.env import Example, Task
 from rollouts.seeding import derive_seed
 
@@ -46,6 +47,12 @@ def _marking(hook: Any, marks: dict[str, float]) -> Any:
         return await hook(group)
 
     return scored
+
+
+def scored_alike(group: TrajectoryGroup, min_spread: float) -> bool:
+    """Dynamic sampling sets such a group aside: its rollouts all scored alike, so it would train
+    nothing. A group with failed rollouts goes to the server, which counts them."""
+    return not group.exceptions and not rewards_differ(group, min_spread)
 
 
 def group_hook(cfg: LoopConfig, example: Example, model: TrainableModel):
@@ -76,6 +83,9 @@ async def train_loop(cfg: LoopConfig, example: Example | None = None) -> dict[st
                           + ("--curriculum needs two or more" if cfg.curriculum else
                              f"--start-level {cfg.start_level} is past its last ({example.levels() - 1})"))
     example.level = cfg.start_level
+    if cfg.dynamic_sampling and (cfg.group_size < 2 or cfg.train.baseline == "given" or cfg.train.distill):
+        raise ConfigError("--dynamic-sampling replaces groups whose rollouts all scored alike, which carry no signal "
+                          "for a group baseline: it needs --group-size 2 or more, and neither --loss apo nor --teacher")
     if cfg.warm_start and type(example).demonstrations is Example.demonstrations:
         raise ConfigError(f"--warm-start: example {example.name!r} has no demonstrations to train on "
                           f"(an Example's demonstrations(n) makes them)")
@@ -146,7 +156,10 @@ class TrainingLoop:
         pipeline = Pipeline(self.sample, self.train_batch,
                             run=self.model.name, served_step=self.model.step, groups_per_step=cfg.groups_per_step,
                             max_steps_off_policy=cfg.max_steps_off_policy, journal=Journal(cfg.out / "pending"),
-                            retain=self.model.retain_adapters)
+                            retain=self.model.retain_adapters,
+                            set_aside=partial(scored_alike, min_spread=cfg.train.min_group_reward_spread)
+                            if cfg.dynamic_sampling else None,
+                            max_set_aside=cfg.dynamic_sampling)
         begun = time.monotonic()
         try:
             async with contextlib.aclosing(pipeline.steps(cfg.steps)) as outcomes:
@@ -299,16 +312,19 @@ class TrainingLoop:
         self.submitted = self.train_seconds = None
         return timing
 
-    async def trained_attempt(self, result: TrainResult, groups: list[TrajectoryGroup],
-                              timing: StepTiming) -> tuple[dict[str, Any], int]:
+    async def trained_attempt(self, result: TrainResult, groups: list[TrajectoryGroup], timing: StepTiming,
+                              set_aside: list[TrajectoryGroup]) -> tuple[dict[str, Any], int]:
         """A step the server answered: its record and the level its rollouts were drawn at, its line
         said, and the held-out evaluation when one is due."""
         cfg, example = self.cfg, self.example
-        attempt = attempt_record(groups, result)
+        attempt = {**attempt_record(groups, result), **set_aside_record(groups, set_aside)} \
+            if cfg.dynamic_sampling else attempt_record(groups, result)
         levels = [t.metrics.get("curriculum_level") for g in groups for t in g.trajectories]
         level = max((x for x in levels if x is not None), default=example.level)
         extra = curriculum_part(level, self.level_success if level == example.level else None) \
             if cfg.curriculum else ""
+        if cfg.dynamic_sampling:
+            extra += set_aside_part(len(set_aside))
         m = result.metrics
         collapsing = entropy_collapse(first_entropy(self.summary.history), result.step, m.entropy, m.reward_mean,
                                       m.groups_constant_solved, m.groups_total) if result.trained else None
@@ -325,7 +341,8 @@ class TrainingLoop:
 
     def batch_rewards(self, attempt: dict[str, Any]) -> list[tuple[int, float]]:
         """Every attempt's batch reward so far, this one last, each with the step its line names."""
-        return [(h["step"] if h["trained"] else h["step"] + 1, h["reward_mean"])
+        # Dynamic sampling keeps groups that scored alike out of the batch: the mean of all it sampled.
+        return [(h["step"] if h["trained"] else h["step"] + 1, h.get("reward_mean_sampled", h["reward_mean"]))
                 for h in (*self.summary.history, attempt) if h.get("reward_mean") is not None]
 
     async def record(self, outcome: StepOutcome, begun: float) -> dict[str, Any]:
@@ -336,7 +353,7 @@ class TrainingLoop:
             attempt = failed_rollouts_record(self.model.step, outcome.error)
             print(f"step {self.model.step + 1:3d} not trained | {outcome.error}", flush=True)
         else:
-            attempt, level = await self.trained_attempt(outcome.result, outcome.groups, timing)
+            attempt, level = await self.trained_attempt(outcome.result, outcome.groups, timing, outcome.set_aside)
         if self.cfg.curriculum:
             # The level this attempt's rollouts were drawn at, and the success last measured there.
             attempt["curriculum_level"] = level

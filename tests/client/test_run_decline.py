@@ -74,13 +74,16 @@ def test_a_run_no_better_than_its_start_from_three_quarters_of_its_steps_on_says
     assert said == ("held-out reward is no better than at step 0 (0.099) after 12 steps: the best since, 0.099 at "
                     f"step 8, is within two standard errors ({2 * math.hypot(0.037, 0.037):.3f}); only 25% of its "
                     "groups had a reward spread to learn from (in the rest every rollout scored the same): more "
-                    "rollouts per task (--group-size), or tasks it sometimes solves (--warm-start, --curriculum, an "
-                    "easier prompt)")
+                    "rollouts per task (--group-size), other groups sampled in their place (--dynamic-sampling), or "
+                    "tasks it sometimes solves (--warm-start, --curriculum, an easier prompt)")
     assert no_held_out_gain(flat[:3], 0, 16, _steps(8), 2e-4) is None  # step 8 of 16: too soon to say
     # most groups had signal: the steps trained, so the learning rate or the transfer is the suspect
     assert "75% of its groups had a reward spread, so its steps trained: too small a learning rate " \
            "(--learning-rate, now 2e-4)" in no_held_out_gain(flat, 0, 16, _steps(8, constant=1), 2e-4)
     assert "the run is training but not learning" in no_held_out_gain(flat, 0, 16, [], None)
+    # --dynamic-sampling kept the groups that scored alike out of its batches: they count as constant
+    aside = [{**h, "groups_set_aside": 6} for h in _steps(8)]
+    assert "only 40% of its groups had a reward spread" in no_held_out_gain(flat, 0, 16, aside, 2e-4)
 
 
 def test_a_rise_past_the_noise_at_any_evaluation_since_the_start_is_a_gain():

@@ -67,3 +67,25 @@ async def test_a_seeded_run_repeats_its_curve_and_an_unseeded_one_does_not(fresh
         await run("unseeded", None)
     unseeded = _sampled(srv.url, "unseeded")
     assert unseeded and unseeded != a
+
+
+async def test_a_seeded_run_with_dynamic_sampling_repeats_the_groups_it_sets_aside(fresh_server, tmp_path, capsys):
+    """Groups of two of the demo's policy often score alike (both solved or both failed): those are
+    sampled again in place, the step line says how many, and a second run of the seed sets aside the same ones."""
+    srv = fresh_server()
+
+    async def run(name: str) -> dict:
+        cfg = LoopConfig(server=srv.url, run=name, example="demo", steps=2, groups_per_step=2, group_size=2,
+                         eval_every=0, eval_tasks=4, seed=3, out=tmp_path / name, progress=False, patience=5,
+                         dynamic_sampling=8, train={"learning_rate": 1e-3})
+        return await train_loop(cfg)
+
+    first, second = await run("aside-a"), await run("aside-b")
+    figures = ("groups_set_aside", "reward_mean_sampled", "reward_mean", "groups_total", "groups_trainable")
+    history = [[h.get(k) for k in figures] for h in first["history"]]
+    assert history == [[h.get(k) for k in figures] for h in second["history"]]
+    assert sum(h["groups_set_aside"] for h in first["history"]) > 0
+    for h in first["history"]:  # below the cap, a batch holds only groups with signal
+        assert h["groups_set_aside"] == 8 or h["groups_trainable"] == h["groups_total"] == 2
+    assert _sampled(srv.url, "aside-a") == _sampled(srv.url, "aside-b")
+    assert "set aside (scored alike)" in capsys.readouterr().out
