@@ -183,7 +183,7 @@ class Pipeline:
         cap was reached, which of the groups to set aside went into the batch did: the lowest indices
         are the ones set aside."""
         groups = sorted([*batch, *set_aside], key=lambda e: e[2])
-        aside = {e[2] for e in [e for e in groups if self.set_aside(e[0])][: len(set_aside)]}
+        aside = set(sorted(index for group, _, index in groups if self.set_aside(group))[: len(set_aside)])
         return [e for e in groups if e[2] not in aside], [e for e in groups if e[2] in aside]
 
     async def _train(self, key: str, groups: list[TrajectoryGroup]) -> TrainResult:

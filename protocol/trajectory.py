@@ -107,10 +107,10 @@ class TrajectoryGroup(BaseModel):
         return items
 
 
-def rewards_differ(group: TrajectoryGroup, min_spread: float) -> bool:
+def rewards_differ(rewards: list[float], min_spread: float) -> bool:
     """Whether a group's rewards differ by `min_spread` or more: only such a group carries a
-    group-relative signal (the server drops the others as constant, server/training/advantages.py)."""
-    rewards = [t.reward for t in group.trajectories]
+    group-relative signal. The server drops the others (server/training/advantages.py), and
+    `client.train --dynamic-sampling` samples others in their place, by this one rule."""
     return len(rewards) > 1 and max(rewards) - min(rewards) >= min_spread
 
 

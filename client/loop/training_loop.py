@@ -52,7 +52,7 @@ def _marking(hook: Any, marks: dict[str, float]) -> Any:
 def scored_alike(group: TrajectoryGroup, min_spread: float) -> bool:
     """Dynamic sampling sets such a group aside: its rollouts all scored alike, so it would train
     nothing. A group with failed rollouts goes to the server, which counts them."""
-    return not group.exceptions and not rewards_differ(group, min_spread)
+    return not group.exceptions and not rewards_differ([t.reward for t in group.trajectories], min_spread)
 
 
 def group_hook(cfg: LoopConfig, example: Example, model: TrainableModel):
@@ -317,13 +317,13 @@ class TrainingLoop:
         """A step the server answered: its record and the level its rollouts were drawn at, its line
         said, and the held-out evaluation when one is due."""
         cfg, example = self.cfg, self.example
-        attempt = {**attempt_record(groups, result), **set_aside_record(groups, set_aside)} \
-            if cfg.dynamic_sampling else attempt_record(groups, result)
+        attempt = attempt_record(groups, result)
         levels = [t.metrics.get("curriculum_level") for g in groups for t in g.trajectories]
         level = max((x for x in levels if x is not None), default=example.level)
         extra = curriculum_part(level, self.level_success if level == example.level else None) \
             if cfg.curriculum else ""
         if cfg.dynamic_sampling:
+            attempt |= set_aside_record(groups, set_aside)
             extra += set_aside_part(len(set_aside))
         m = result.metrics
         collapsing = entropy_collapse(first_entropy(self.summary.history), result.step, m.entropy, m.reward_mean,

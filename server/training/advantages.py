@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from protocol.trajectory import rewards_differ
+
 
 @dataclass(frozen=True)
 class GroupAdvantages:
@@ -36,7 +38,7 @@ def group_advantages(rewards: list[float], scale: bool = False, min_spread: floa
     mean, std, spread = _stats(rewards)
     if len(rewards) < 2:
         return GroupAdvantages(None, mean, std, spread, dropped="single")
-    if spread < min_spread:
+    if not rewards_differ(rewards, min_spread):
         return GroupAdvantages(None, mean, std, spread, dropped="constant")
     adv = [r - mean for r in rewards]
     if scale:

@@ -85,7 +85,7 @@ def test_only_a_group_whose_rollouts_all_scored_alike_is_set_aside():
     assert scored_alike(_group(0, [1.0]), 1e-6)  # one rollout: nothing to compare it with
     # failed rollouts go to the server, which counts them, not into the set-aside pile
     assert not scored_alike(_group(0, [0.0, 0.0], exceptions=("TimeoutError: slow",)), 1e-6)
-    assert rewards_differ(_group(0, [0.0, 0.25]), 0.2) and not rewards_differ(_group(0, [0.0, 0.25]), 0.3)
+    assert rewards_differ([0.0, 0.25], 0.2) and not rewards_differ([0.0, 0.25], 0.3) and not rewards_differ([1.0], 0)
 
 
 @pytest.mark.parametrize("change", [{"group_size": 1}, {"train": {"loss": "apo", "baseline": "given"}},
