@@ -24,7 +24,6 @@ One loop for every bound S (`max_steps_off_policy`); S = 0 is synchronous traini
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
@@ -246,14 +245,21 @@ class Pipeline:
     async def _first(awaitable: Awaitable, workers: list[asyncio.Task]):
         """`awaitable`'s result, unless a worker fails first: then its error, not a wait for ever."""
         main = asyncio.ensure_future(awaitable)
-        while True:
-            failed = [t for t in workers if t.done() and not t.cancelled() and t.exception() is not None]
-            if failed:
+        try:
+            while True:
+                failed = [t for t in workers if t.done() and not t.cancelled() and t.exception() is not None]
+                if failed:
+                    raise failed[0].exception()
+                pending = [t for t in workers if not t.done()]
+                done, _ = await asyncio.wait([main, *pending], return_when=asyncio.FIRST_COMPLETED)
+                if main in done:
+                    return main.result()
+        finally:
+            # Ended before it (Ctrl-C, a failed worker): it ends first, so that the caller's record of
+            # the run is final. A train call that answered after the caller had unwound would move
+            # the run a step past the summary it had just written.
+            if not main.done():
                 main.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await main
-                raise failed[0].exception()
-            pending = [t for t in workers if not t.done()]
-            done, _ = await asyncio.wait([main, *pending], return_when=asyncio.FIRST_COMPLETED)
-            if main in done:
-                return main.result()
+                await asyncio.wait([main])
+            if not main.cancelled():
+                main.exception()  # retrieved: an error it ended with is the caller's error's, not a warning
