@@ -164,6 +164,13 @@ $(VLLM_STAMP): Makefile | $(STAMP)
 test-vllm: install $(VLLM_STAMP)
 	ARTISAN_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -ra --durations=5 tests/vllm_engine
 
+# The torch engine's decode step in process on SmolLM2, base and LoRA rows: the model's forward
+# against server/model/decode_pass.py, and whether they gave the same bits (bench/decode_step.py).
+.PHONY: bench-decode
+bench-decode: install
+	$(PY) -m tests.real_models
+	$(PY) bench/decode_step.py
+
 # Both engines on SmolLM2-135M-Instruct (its GGUF from the test models), same requests.
 SMOLLM2 = $$($(PY) -c "from tests.real_models import smollm2_gguf; print(smollm2_gguf())")
 bench-vllm: install $(VLLM_STAMP)

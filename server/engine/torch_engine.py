@@ -36,7 +36,7 @@ from server.engine.constraints import ConstraintState
 from server.engine.kv_cache import HEADROOM, BatchKV
 from server.engine.prefix_cache import Hit, PrefixCache
 from server.engine.sampling import sample
-from server.engine.threads import own_threads
+from server.model.threads import own_threads
 from server.model.memory import trim
 from server.model.host import ModelHost, available_memory
 
@@ -54,7 +54,7 @@ PREFILL_TOKENS = 8192
 # and four of tau2's 8k-token turns.
 KV_SHARE = 8
 KV_FLOOR_MB = 2048
-# A CPU decode step of this many rows or fewer runs on the engine's thread alone (server/engine/threads.py).
+# A CPU decode step of this many rows or fewer runs on the engine's thread alone (server/model/threads.py).
 # SmolLM2-135M in process on the 2-core machine under PASSIVE, one thread against both, six paired
 # requests each: 1.07x the tokens a second at 1 row, 1.25x at 2, 1.26x at 4, 1.02x at 8.
 FEW_ROWS = 4
@@ -321,14 +321,11 @@ class TorchEngine:
         rows = [s if s is not None else filler for s in self._rows]
         ids = torch.tensor([[s.token_ids[-1] if s is not None else 0] for s in self._rows], device=self.host.device)
         positions = torch.tensor(kv.lengths, device=ids.device)[:, None]
-        out = self.host.decode(
-            ids, [s.request.policy.adapter for s in rows],
-            past_key_values=kv.cache(), use_cache=True,
-            attention_mask=kv.attention_mask(extra=1), position_ids=positions,
-        )
+        logits = self.host.decode_step(ids, [s.request.policy.adapter for s in rows], kv.cache(),
+                                       kv.attention_mask(extra=1), positions)
         kv.advance(1)
         live = [i for i, s in enumerate(self._rows) if s is not None]
-        self._accept([self._rows[i] for i in live], out.logits[live, -1, :])
+        self._accept([self._rows[i] for i in live], logits[live])
         self._retire()
 
     def _accept(self, seqs: list[DecodeSequence], logits: torch.Tensor) -> None:

@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from server.chat.format import ChatFormat
-from server.model import decode_copy
+from server.model import decode_copy, decode_pass
 from server.model.memory import GB
 from server.model.source import resolve, served_name
 from server.settings import Settings
@@ -166,6 +166,7 @@ class ModelHost:
         self.gradient_checkpointing = False
         self.share_prefix = False  # train sequences that share a prefix in one row (server/training/packing.py)
         self.memory_budget: int | None = None  # bytes training may take the process to (None: what the machine has)
+        self.exact_decode_pass = decode_pass.applies(model)  # redecided as adapters come and go
 
     @property
     def vocab_size(self) -> int:
@@ -199,6 +200,7 @@ class ModelHost:
             set_peft_model_state_dict(self.model, state, adapter_name=adapter)
         for p in self.adapter_params(adapter):
             p.requires_grad_(False)
+        self.exact_decode_pass = decode_pass.applies(self.base_model)
 
     def load_adapter_state(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
         from peft import set_peft_model_state_dict
@@ -213,6 +215,7 @@ class ModelHost:
     def delete_adapter(self, adapter: str) -> None:
         if self.has_adapters and adapter in self.model.peft_config:
             self.model.delete_adapter(adapter)
+            self.exact_decode_pass = decode_pass.applies(self.base_model)
 
     def adapter_params(self, adapter: str) -> list[torch.nn.Parameter]:
         return [p for n, p in self.model.named_parameters() if f".{adapter}." in n and "lora_" in n]
@@ -232,6 +235,17 @@ class ModelHost:
         copied them (server/model/decode_copy.py); every other pass multiplies as training does."""
         with decode_copy.decoding():
             return self.forward(input_ids, adapters, **kwargs)
+
+    def decode_step(self, input_ids: torch.Tensor, adapters: list[str | None], cache: Any,
+                    attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """The engine's decode step, one new token per row: next-token logits [rows, vocab], bitwise
+        `decode`'s, through server/model/decode_pass.py where it knows the model."""
+        if not self.exact_decode_pass:
+            return self.decode(input_ids, adapters, past_key_values=cache, use_cache=True,
+                               attention_mask=attention_mask, position_ids=position_ids).logits[:, -1, :]
+        with decode_copy.decoding():
+            return decode_pass.decode_logits(self.base_model, input_ids, adapters, cache, attention_mask,
+                                             position_ids)[:, -1, :]
 
     @contextmanager
     def training_forward(self) -> Iterator[None]:

@@ -80,3 +80,25 @@ def test_an_adapter_wrapped_around_a_copied_layer_still_adds_its_part():
             assert not torch.allclose(model(x), want)  # the adapter's part is not nothing
         with decoding():
             torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_copy_as_large_as_a_vocabulary_projection_multiplies_on_the_process_s_threads_with_the_same_bits(
+        monkeypatch):
+    from server.model import decode_copy
+
+    torch.manual_seed(0)
+    head, layer = torch.nn.Linear(576, 49152, bias=False), torch.nn.Linear(576, 1536, bias=False)  # SmolLM2's
+    copy_for_decode(torch.nn.Sequential(head, layer))
+    assert (head.threads, layer.threads) == (decode_copy.PROCESS_THREADS, None)
+    asked, own = [], decode_copy.own_threads
+    monkeypatch.setattr(decode_copy, "own_threads", lambda n: asked.append(n) or own(n))
+    head.threads = 2  # whatever OMP_NUM_THREADS says
+    row = torch.randn(1, 1, 576)
+    with torch.inference_mode(), decoding():
+        with own(1):  # as the engine decodes a few rows
+            shared = head(row)
+            layer(row)
+            head.threads = None
+            alone = head(row)
+    assert asked == [2, None, None]
+    assert torch.equal(shared, alone)

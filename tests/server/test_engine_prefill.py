@@ -43,13 +43,19 @@ def test_prompts_of_different_lengths_prefill_in_one_forward_with_each_row_s_exa
     tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 4).input_ids
     prompts = [tokens[:5], tokens[:23], tokens[:41], tokens[:23], tokens[:12]]  # one prompt twice, by two requests
     forwards: list[tuple[int, int]] = []
-    forward = host.forward
+    forward, decode_step = host.forward, host.decode_step
 
     def counted(input_ids, adapters, **kwargs):
         forwards.append(tuple(input_ids.shape))
         return forward(input_ids, adapters, **kwargs)
 
+    def counted_step(input_ids, *args):  # a decode step, through the model's forward or the decode pass
+        if host.exact_decode_pass:
+            forwards.append(tuple(input_ids.shape))
+        return decode_step(input_ids, *args)
+
     monkeypatch.setattr(host, "forward", counted)
+    monkeypatch.setattr(host, "decode_step", counted_step)
     engine = TorchEngine(host, max_batch=32, max_waiting=64, prefix_cache_mb=0, kv_cache_mb=1024)
     done = threading.Semaphore(0)
     requests = []
@@ -67,7 +73,7 @@ def test_prompts_of_different_lengths_prefill_in_one_forward_with_each_row_s_exa
         engine.stop()
 
     assert forwards[0] == (4, 41)  # the first forward: the 4 distinct prompts, padded to the longest
-    assert all(shape[1] == 1 for shape in forwards[1:])  # then only decode steps
+    assert len(forwards) > 1 and all(shape[1] == 1 for shape in forwards[1:])  # then only decode steps
     for req in requests:
         for seq in req.sequences:
             assert seq.finish_reason == "length" and len(seq.token_ids) == 6

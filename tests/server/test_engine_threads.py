@@ -9,7 +9,7 @@ import torch
 
 from server.engine.base import GenRequest
 from server.engine.sampling import SamplingParams
-from server.engine.threads import own_threads
+from server.model.threads import own_threads
 from server.engine.torch_engine import FEW_ROWS, TorchEngine
 from server.model.host import ModelHost
 from server.sampling.served_names import Policy
@@ -35,14 +35,13 @@ def test_a_decode_step_of_few_rows_runs_on_one_thread_and_a_full_batch_on_the_en
     host = ModelHost(DEFAULT_MODEL_DIR, device="cpu", dtype="float32")
     engine = TorchEngine(host, max_batch=2 * (FEW_ROWS + 4), max_waiting=64, prefix_cache_mb=0, kv_cache_mb=1024)
     threads_by_rows: dict[int, set[int]] = {}
-    decode = host.decode
+    decode_step = host.decode_step
 
-    def counted(input_ids, adapters, **kwargs):
-        if input_ids.shape[1] == 1:  # a decode step (a prefill forwards the whole prompt)
-            threads_by_rows.setdefault(input_ids.shape[0], set()).add(torch.get_num_threads())
-        return decode(input_ids, adapters, **kwargs)
+    def counted(input_ids, *args):
+        threads_by_rows.setdefault(input_ids.shape[0], set()).add(torch.get_num_threads())
+        return decode_step(input_ids, *args)
 
-    monkeypatch.setattr(host, "decode", counted)
+    monkeypatch.setattr(host, "decode_step", counted)
     prompt = host.tokenizer("the price of the apple is seven dollars").input_ids
     with own_threads(2), torch.inference_mode():  # the engine thread's count, whatever OMP_NUM_THREADS says
         for n in (1, FEW_ROWS + 4):

@@ -23,6 +23,12 @@ except (AttributeError, OSError):
     _omp_set_num_threads = None
 
 
+# The count this process's threads start with (OMP_NUM_THREADS, else the cores), read once in the thread
+# that imports the model code: what a product large enough to share the cores runs on
+# (server/model/decode_copy.py), whatever count the thread computing it has set for itself.
+PROCESS_THREADS = torch.get_num_threads()
+
+
 @contextmanager
 def own_threads(n: int | None) -> Iterator[None]:
     """Run this thread's torch ops on `n` threads (None: as they are), other threads unchanged."""
