@@ -21,9 +21,6 @@ import torch
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-BASE = "__base__"  # peft's name for "no adapter" in a mixed batch (server/model/host.py)
-
-
 def applies(model: Any) -> bool:
     """Whether `model` (a transformers causal LM, peft-wrapped in place or not) is one this pass
     computes exactly: a Llama or a Qwen2 whose layers all attend to the full context through SDPA
@@ -75,7 +72,7 @@ def _rows_by_adapter(adapters: list[str | None]) -> list[tuple[str, list[int]]]:
     """The rows of each adapter, base rows left out (they take the base weights alone)."""
     by: dict[str, list[int]] = {}
     for i, a in enumerate(adapters):
-        if a is not None and a != BASE:
+        if a is not None:
             by.setdefault(a, []).append(i)
     return list(by.items())
 

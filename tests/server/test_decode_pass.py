@@ -29,8 +29,8 @@ def _with_adapters(host: ModelHost) -> None:
 def _prefilled(host: ModelHost, rows: int) -> BatchKV:
     ids = host.tokenizer(PROMPT).input_ids
     cfg = host.config
-    kv = BatchKV.empty(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-                       if not getattr(cfg, "head_dim", None) else cfg.head_dim, len(ids) + HEADROOM, host.dtype,
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = BatchKV.empty(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, head_dim, len(ids) + HEADROOM, host.dtype,
                        host.device)
     batch = torch.tensor([ids] * rows)
     host.decode(batch, [None] * rows, past_key_values=kv.cache(), use_cache=True,
