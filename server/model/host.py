@@ -240,7 +240,8 @@ class ModelHost:
                     attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """The engine's decode step, one new token per row: next-token logits [rows, vocab], bitwise
         `decode`'s, through server/model/decode_pass.py where it knows the model."""
-        if not self.exact_decode_pass:
+        unknown = self.has_adapters and any(a is not None and a not in self.model.peft_config for a in adapters)
+        if not self.exact_decode_pass or unknown:  # the forward, and peft's refusal of an adapter it does not hold
             return self.decode(input_ids, adapters, past_key_values=cache, use_cache=True,
                                attention_mask=attention_mask, position_ids=position_ids).logits[:, -1, :]
         with decode_copy.decoding():

@@ -72,6 +72,8 @@ def _check_host(host: ModelHost) -> None:
     assert host.exact_decode_pass
     for adapters in (["left"], [None], ["left", None, "right", "left"]):
         _assert_same(host, adapters)
+    with pytest.raises(ValueError), torch.inference_mode():  # as the forward refuses it, not decoded as the base
+        _steps(host, ["left", "gone"], through_pass=True)
     host.delete_adapter("left")
     host.delete_adapter("right")
     _assert_same(host, [None, None])
