@@ -12,7 +12,7 @@ only, and torch's kernels and MKL read that count.
 from __future__ import annotations
 
 import ctypes
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Iterator
 
 import torch
@@ -29,12 +29,16 @@ except (AttributeError, OSError):
 PROCESS_THREADS = torch.get_num_threads()
 
 
-@contextmanager
-def own_threads(n: int | None) -> Iterator[None]:
-    """Run this thread's torch ops on `n` threads (None: as they are), other threads unchanged."""
+def own_threads(n: int | None) -> AbstractContextManager[None]:
+    """Run this thread's torch ops on `n` threads (None: as they are), other threads unchanged. With
+    None it is a plain nullcontext: every one-row product of the decode copy enters it, 211 a token."""
     if n is None or _omp_set_num_threads is None:
-        yield
-        return
+        return nullcontext()
+    return _set_threads(n)
+
+
+@contextmanager
+def _set_threads(n: int) -> Iterator[None]:
     before = torch.get_num_threads()  # this thread's count
     _omp_set_num_threads(n)
     try:
