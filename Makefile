@@ -171,6 +171,12 @@ bench-decode: install
 	$(PY) -m tests.real_models
 	$(PY) bench/decode_step.py
 
+# A one-row decode step's products on 1 and 2 threads under OpenMP's wait policies: why the engine
+# decodes a few rows on one thread (bench/omp_wait.py).
+.PHONY: bench-omp-wait
+bench-omp-wait: install
+	$(PY) bench/omp_wait.py
+
 # Both engines on SmolLM2-135M-Instruct (its GGUF from the test models), same requests.
 SMOLLM2 = $$($(PY) -c "from tests.real_models import smollm2_gguf; print(smollm2_gguf())")
 bench-vllm: install $(VLLM_STAMP)

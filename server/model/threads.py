@@ -3,7 +3,9 @@
 A decode step of a few rows on a CPU is bound by how fast the weights stream from memory, which one
 core nearly saturates, and under OMP_WAIT_POLICY=PASSIVE (art-server's default) every parallel
 region in it wakes a sleeping worker for a few microseconds of work (SmolLM2's attention of one row:
-136 µs a call on 2 threads, 37 on 1). `torch.set_num_threads` cannot say "this thread only": it also sets the
+136 µs a call on 2 threads, 37 on 1). Spinning workers (`GOMP_SPINCOUNT`) would remove the wake-ups
+only while no other thread of the process holds an OpenMP team and no other process wants the core
+(bench/omp_wait.py). `torch.set_num_threads` cannot say "this thread only": it also sets the
 count every thread started afterwards begins with, so a training thread born during a decode step
 would keep one thread for good. OpenMP's own `omp_set_num_threads` sets the calling thread's count
 only, and torch's kernels and MKL read that count.
