@@ -32,12 +32,9 @@ SPIN_COUNT = 10_000  # where the spin's gain levelled off here (3,000 gave less,
 # SmolLM2-135M's linear layers as (in, out): q, k, v, o, gate, up, down; 30 of each.
 LAYER = ((576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576))
 LAYERS, PASSES, ROUNDS = 30, 10, 3
-CASES = {
-    "passive": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"},
-    "spin": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT)},
-    "spin_team_alive": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT)},
-    "spin_beside_busy": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT)},
-}
+PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}  # art-server's
+SPINNING = {**PASSIVE, "GOMP_SPINCOUNT": str(SPIN_COUNT)}
+CASES = {"passive": PASSIVE, "spin": SPINNING, "spin_team_alive": SPINNING, "spin_beside_busy": SPINNING}
 
 
 def measure(layers: int, passes: int, rounds: int, team_alive: bool) -> dict:
@@ -48,8 +45,7 @@ def measure(layers: int, passes: int, rounds: int, team_alive: bool) -> dict:
     rows = {n_in: torch.randn(1, n_in) for n_in, _ in LAYER}
     release = threading.Event()
     if team_alive:  # a thread that has run a parallel region and lives on, as the trainer does
-        def trainer() -> None:
-            torch.set_num_threads(2)
+        def trainer() -> None:  # on the worker's OMP_NUM_THREADS=2, as every thread of it starts
             a = torch.randn(512, 512)
             a @ a
             release.wait()
