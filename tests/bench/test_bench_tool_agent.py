@@ -1,4 +1,5 @@
-"""bench/tool_agent.py gives TRL the questions client.train trains artisan on, in the order it draws them."""
+"""bench/tool_agent.py gives TRL the questions client.train trains artisan on, in the order it draws them,
+and splits held-out success by the kinds of animal in a question."""
 
 from __future__ import annotations
 
@@ -42,3 +43,14 @@ def test_the_servers_database_is_kept_whole_from_its_write_ahead_log(tmp_path):
     kept = sqlite3.connect(tmp_path / "kept.sqlite")
     assert kept.execute("SELECT step, reward FROM trajectories").fetchall() == [(9, 0.5)]
     kept.close()
+
+
+def test_held_out_success_is_split_by_the_kinds_of_animal_in_a_question():
+    rows = [t.data["row"] for t in leg_lookup.make_example().eval_tasks()[:16]]
+    kinds = [len(r["metadata"]["animals"]) for r in rows]
+    assert set(kinds) == {3, 4}  # the held-out questions' settings (leg_lookup.TASK)
+    rewards = [1.0 if k == 3 else (0.5 if i % 2 else 0.0) for i, k in enumerate(kinds)]
+    four = [r for r, k in zip(rewards, kinds) if k == 4]
+    assert bench.success_by_kinds(rows, rewards) == {"3": 1.0, "4": round(sum(four) / len(four), 4)}
+    with pytest.raises(ValueError):  # a reward per row, or the split is of other questions
+        bench.success_by_kinds(rows, rewards[:-1])
