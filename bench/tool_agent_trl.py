@@ -4,7 +4,7 @@ trainers are judged by.
 - `run_trl`: TRL 1.16's GRPOTrainer with its own tool loop on examples/leg_lookup, from artisan's
   warm start exported as PEFT (bench/trl_agents.export_peft), its config set to artisan's step
   wherever TRL has the knob (bench/learn.py's terms).
-- `greedy_rewards`: bench/trl_agents.greedy_episodes on held-out rows; the reward is LegLookupEnv.score's.
+- `greedy_rewards`: bench/trl_agents.greedy_rewards on held-out rows; the reward is LegLookupEnv.score's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples import leg_lookup  # noqa: E402
 from learn import (ADAM_BETAS, ADAM_EPS, EPS_HIGH, EPS_LOW, LORA_ALPHA, LORA_RANK,  # noqa: E402
                    LORA_TARGETS, MAX_GRAD_NORM)
-from trl_agents import greedy_episodes, saving_callback, threads, trl_tool, trl_tokenizer  # noqa: E402
+import trl_agents  # noqa: E402
+from trl_agents import saving_callback, threads, trl_tool, trl_tokenizer  # noqa: E402
 
 # Every term in which TRL's tool rollout differs from artisan's agent loop (rollouts/agent.py
 # through art-server), beyond bench/learn.py's DIFFERENCES for the GRPO step itself.
@@ -150,6 +151,5 @@ def greedy_rewards(model_dir: Path, adapter: Path | None, rows: list[dict], max_
                    max_tokens: int) -> list[float]:
     """The held-out measure, per row: the LegLookupEnv reward of a greedy episode, under the example's
     turn limits (a caller's own defaults once judged at another limit than training's)."""
-    episodes = greedy_episodes(model_dir, adapter, [leg_lookup.LegLookupEnv(r) for r in rows],
-                               leg_lookup.CHAT_TEMPLATE.read_text(), max_turns, max_tokens)
-    return [score.reward for _, score in episodes]
+    return trl_agents.greedy_rewards(model_dir, adapter, [leg_lookup.LegLookupEnv(r) for r in rows],
+                                     leg_lookup.CHAT_TEMPLATE.read_text(), max_turns, max_tokens)

@@ -217,8 +217,15 @@ def greedy_episodes(model_dir: Path, adapter: Path | None, envs: list[Environmen
     return [(conv, asyncio.run(env.score(conv))) for env, conv in zip(envs, convs)]
 
 
+def greedy_rewards(model_dir: Path, adapter: Path | None, envs: list[Environment], chat_template: str | None = None,
+                   max_turns: int = 5, max_tokens: int = 128) -> list[float]:
+    """The reward of each of `envs`' greedy_episodes, in order."""
+    episodes = greedy_episodes(model_dir, adapter, envs, chat_template, max_turns, max_tokens)
+    return [score.reward for _, score in episodes]
+
+
 def greedy_reward(model_dir: Path, adapter: Path | None, envs: list[Environment], chat_template: str | None = None,
                   max_turns: int = 5, max_tokens: int = 128) -> float:
     """The held-out measure: the mean reward of greedy_episodes on `envs`."""
-    episodes = greedy_episodes(model_dir, adapter, envs, chat_template, max_turns, max_tokens)
-    return sum(score.reward for _, score in episodes) / len(episodes)
+    rewards = greedy_rewards(model_dir, adapter, envs, chat_template, max_turns, max_tokens)
+    return sum(rewards) / len(rewards)

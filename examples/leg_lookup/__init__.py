@@ -202,10 +202,10 @@ def make_example(**kwargs: Any) -> LegLookupExample:
     # Lookups, a calculation, the answer, and two spare turns (one lookup per turn, or a retried
     # call). A turn of four lookups is 121-130 tokens as the demonstrations write them (SmolLM2's
     # tokenizer, 200 training questions), at or past the limit: with a long name ("praying mantis")
-    # a correct turn is cut and scores 0. The warm start's greedy held-out success is the same at 192
-    # (0.297, 0.62 on three kinds and 0.03 on four), so the limit is not what holds it on four kinds;
-    # a higher one changes every seeded figure of this example (the README's tool agent, `make
-    # test-learn`), so it waits for those to be rerun.
+    # a correct turn is cut and scores 0. The warm start's greedy held-out success was the same at
+    # 192, on three kinds and on four, so the limit is not what holds it on four kinds; a higher one
+    # changes every seeded figure of this example (the README's tool agent, `make test-learn`), so it
+    # waits for those to be rerun.
     # Temperature 0.7 is what bench/tool_agent.py measured; the warm start's batches scored about one
     # in twenty at first at 1 and at 0.7 alike, and the two were not compared further.
     return LegLookupExample(name="leg_lookup", settings=RolloutSettings(max_turns=5, max_tokens=128, temperature=0.7),
