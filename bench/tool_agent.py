@@ -52,7 +52,8 @@ def _train(server: LocalServer, a: argparse.Namespace, out: Path, steps: int) ->
     cmd = [sys.executable, "-m", "client.train", "--server", server.url, "--example", "leg_lookup", "--run", RUN,
            "--steps", str(steps), "--groups-per-step", str(a.prompts_per_step), "--group-size", str(a.group_size),
            "--learning-rate", str(a.lr), "--temperature", str(a.temperature), "--warm-start", str(a.warm_start),
-           "--warm-start-learning-rate", str(a.warm_start_lr), "--eval-every", "0", "--eval-tasks", "1",
+           "--warm-start-learning-rate", str(a.warm_start_lr), "--demonstration-kinds", str(a.demonstration_kinds),
+           "--eval-every", "0", "--eval-tasks", "1",
            "--seed", str(a.seed), "--dynamic-sampling", str(a.dynamic_sampling), "--no-progress", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT)
     if done.returncode not in (0, EXIT_CANNOT_LEARN):  # a run that stopped learning is a result, kept
@@ -160,6 +161,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-4, help="both trainers' GRPO learning rate")
     ap.add_argument("--warm-start", type=int, default=128, help="demonstrations in the SFT start")
     ap.add_argument("--warm-start-lr", type=float, default=2e-3)
+    ap.add_argument("--demonstration-kinds", type=int, default=leg_lookup.DEMONSTRATION_TASK["max_animals"],
+                    help="the most kinds of animal in a demonstration (2-4)")
     ap.add_argument("--temperature", type=float,
                     help="both trainers' sampling temperature (the example's own by default)")
     ap.add_argument("--seed", type=int, default=0)

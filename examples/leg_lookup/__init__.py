@@ -61,7 +61,7 @@ TOOLS: list[dict[str, Any]] = [
                        "required": ["expression"]}}},
 ]
 # reasoning-gym's leg_counting settings: the questions trained and held out have three or four
-# kinds of animal, the demonstrations two or three; one to four of each.
+# kinds of animal, the demonstrations two to `demonstration_kinds` (3 by default); one to four of each.
 TASK = dict(min_animals=3, max_animals=4, min_instances=1, max_instances=4)
 DEMONSTRATION_TASK = dict(TASK, min_animals=2, max_animals=3)
 TRAIN_SEED, EVAL_SEED, WARM_START_SEED = 0, 10_000, 20_000  # each its own draw of questions
@@ -179,6 +179,10 @@ class LegLookupEnv(Environment):
 class LegLookupExample(Example):
     n_train: int = 1024
     n_eval: int = 64
+    # Demonstrations of up to three kinds never write a sum of four terms, and the warm start then
+    # solves almost no four-kind question; up to four trades a weaker start for one GRPO can lift
+    # (README, the tool agent). `client.train --demonstration-kinds 4` passes it as a string.
+    demonstration_kinds: int | str = DEMONSTRATION_TASK["max_animals"]
 
     def train_tasks(self, seed: int) -> list[Task]:
         # `seed` orders nothing here: client.train shuffles; the rows are fixed by TRAIN_SEED.
@@ -194,7 +198,11 @@ class LegLookupExample(Example):
         # Drawn from a split and a seed of their own, and no held-out question among them (a draw of
         # three kinds can repeat one).
         held_out = {t.data["row"]["question"] for t in self.eval_tasks()}
-        fresh = [r for r in rows(DEMONSTRATION_TASK, 2 * n, WARM_START_SEED) if r["question"] not in held_out]
+        kinds = int(self.demonstration_kinds)
+        if not 2 <= kinds <= TASK["max_animals"]:
+            raise ValueError(f"--demonstration-kinds must be 2 to {TASK['max_animals']}, not {kinds}")
+        task = dict(DEMONSTRATION_TASK, max_animals=kinds)
+        fresh = [r for r in rows(task, 2 * n, WARM_START_SEED) if r["question"] not in held_out]
         return [demonstration(r) for r in fresh[:n]]
 
 
