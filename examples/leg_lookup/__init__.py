@@ -45,6 +45,7 @@ from typing import Any
 import reasoning_gym
 from reasoning_gym.arithmetic.leg_counting import ANIMALS
 
+from client.errors import ConfigError
 from protocol.trajectory import Conversation
 from rewards.reasoning_gym import score_reply
 from rollouts.env import Environment, Example, Message, RolloutSettings, Score, Task, ToolError
@@ -181,8 +182,14 @@ class LegLookupExample(Example):
     n_eval: int = 64
     # Demonstrations of up to three kinds never write a sum of four terms, and the warm start then
     # solves almost no four-kind question; up to four trades a weaker start for one GRPO can lift
-    # (README, the tool agent). `client.train --demonstration-kinds 4` passes it as a string.
-    demonstration_kinds: int | str = DEMONSTRATION_TASK["max_animals"]
+    # (README, the tool agent). Set by `client.train --demonstration-kinds 4`.
+    demonstration_kinds: int = DEMONSTRATION_TASK["max_animals"]
+
+    def __post_init__(self) -> None:
+        # Refused here, before client.train reaches a server or a warm start begins.
+        if not DEMONSTRATION_TASK["min_animals"] <= self.demonstration_kinds <= TASK["max_animals"]:
+            raise ConfigError(f"--demonstration-kinds must be {DEMONSTRATION_TASK['min_animals']} to "
+                              f"{TASK['max_animals']}, not {self.demonstration_kinds}")
 
     def train_tasks(self, seed: int) -> list[Task]:
         # `seed` orders nothing here: client.train shuffles; the rows are fixed by TRAIN_SEED.
@@ -198,10 +205,7 @@ class LegLookupExample(Example):
         # Drawn from a split and a seed of their own, and no held-out question among them (a draw of
         # three kinds can repeat one).
         held_out = {t.data["row"]["question"] for t in self.eval_tasks()}
-        kinds = int(self.demonstration_kinds)
-        if not 2 <= kinds <= TASK["max_animals"]:
-            raise ValueError(f"--demonstration-kinds must be 2 to {TASK['max_animals']}, not {kinds}")
-        task = dict(DEMONSTRATION_TASK, max_animals=kinds)
+        task = dict(DEMONSTRATION_TASK, max_animals=self.demonstration_kinds)
         fresh = [r for r in rows(task, 2 * n, WARM_START_SEED) if r["question"] not in held_out]
         return [demonstration(r) for r in fresh[:n]]
 

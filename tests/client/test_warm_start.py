@@ -9,6 +9,7 @@ import subprocess
 import httpx
 import pytest
 
+from client.loop.examples import example_options, load_example
 from examples.leg_lookup import TASK, LegLookupEnv, LegLookupExample, calculate, demonstration, legs, rows
 from rollouts.env import ToolError
 from server.runs.checkpoints import read_optimizer
@@ -100,8 +101,8 @@ async def test_a_demonstration_is_an_episode_the_environment_scores_1():
     held_out = [t.data["row"] for t in LegLookupExample().eval_tasks()]
     assert {len(r["metadata"]["animals"]) for r in held_out} == {3, 4}
     assert not {r["question"] for r in held_out} & {d.messages[1]["content"] for d in demos}
-    # --demonstration-kinds 4 (a string from the command line) reaches four terms; 5 is refused
-    wider = LegLookupExample(demonstration_kinds="4").demonstrations(256)
+    # --demonstration-kinds 4, read as client.train reads the command line, reaches four terms; 5 is refused
+    wider = load_example("leg_lookup", **example_options(["--demonstration-kinds", "4"])).demonstrations(256)
     assert {len(d.messages[2]["tool_calls"]) for d in wider} == {2, 3, 4}
     assert not {r["question"] for r in held_out} & {d.messages[1]["content"] for d in wider}
     with pytest.raises(ValueError, match="--demonstration-kinds must be 2 to 4"):
