@@ -9,14 +9,14 @@ reply, so a tool only pays when its result reaches the answer.
 A warm start teaches the episode's shape first: `demonstrations()` writes worked episodes (every
 animal looked up in one turn, one sum, the answer) and art-server's SFT job trains on them
 (`client.train --warm-start N`). The demonstrations are a split of their own: questions of two or
-three kinds of animal, where training and the held-out questions have three or four. So the warm
-start teaches the shape, not the answers GRPO is judged on: after 128 demonstrations (one epoch)
-greedy success is about 0.8 on questions like the demonstrations and about 0.3 on the held-out
-ones: 0.62 on those of three kinds and 0.03 on those of four, where it looks up three or four
-animals and then sums three terms, the most any demonstration has. Its slips: most often a count
-or a leg number copied from the wrong animal, or a product left out of the sum; also an animal not
-looked up, a misspelt one ("grassman"), a malformed call. GRPO is left to remove them, and to
-write a fourth term.
+three kinds of animal (to four with `--demonstration-kinds 4`), where training and the held-out
+questions have three or four. So the warm start teaches the shape, not the answers GRPO is judged
+on: after 128 of the default's demonstrations (one epoch) greedy success is about 0.8 on questions
+like the demonstrations and about 0.3 on the held-out ones: 0.62 on those of three kinds and 0.03
+on those of four, where it looks up three or four animals and then sums three terms, the most any
+demonstration has. Its slips: most often a count or a leg number copied from the wrong animal, or a
+product left out of the sum; also an animal not looked up, a misspelt one ("grassman"), a malformed
+call. GRPO is left to remove them, and to write a fourth term.
 Episodes of one animal alone were tried as the warm start first: the model then looked up one
 animal of every question, and no rollout of a several-animal question ever earned reward.
 Also tried: a lookup that names the closest animal to one it does not know, with one

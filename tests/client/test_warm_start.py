@@ -106,5 +106,5 @@ async def test_a_demonstration_is_an_episode_the_environment_scores_1():
     assert {len(d.messages[2]["tool_calls"]) for d in wider} == {2, 3, 4}
     assert not {r["question"] for r in held_out} & {d.messages[1]["content"] for d in wider}
     with pytest.raises(ValueError, match="--demonstration-kinds must be 2 to 4"):
-        LegLookupExample(demonstration_kinds=5).demonstrations(1)
+        LegLookupExample(demonstration_kinds=5)
 
