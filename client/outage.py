@@ -26,6 +26,11 @@ from protocol.retry import RetryPolicy
 T = TypeVar("T")
 MAX_RERUNS = 3  # outages one rollout may live through; a server that keeps going down is the run's end
 PROBE_SECONDS = 5.0
+# How long one model call of a rollout may take. A server that answers its health check is working,
+# only slowly: in a CI run at a third of its usual speed, one turn of a 32-episode batch took over
+# 120 s, and so did each retry of it, and the run failed against a live server. A server that is
+# down fails the call at once (a refused or reset connection) and is waited for by its health check.
+MODEL_CALL_SECONDS = 600.0
 GATEWAY_DOWN = frozenset({502, 503, 504})  # a proxy in front of a server that is down, or its engine down
 
 

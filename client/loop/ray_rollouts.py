@@ -171,8 +171,10 @@ class RolloutWorker:
         if self.client is None:  # made in the actor's event loop, where it is used
             from openai import AsyncOpenAI
 
+            from client.outage import MODEL_CALL_SECONDS
+
             self.client = AsyncOpenAI(base_url=self.server_url + "/v1", api_key=self.api_key or "EMPTY",
-                                      max_retries=0, timeout=120)
+                                      max_retries=0, timeout=MODEL_CALL_SECONDS)
         self.running += 1
         self.peak = max(self.peak, self.running)
         try:

@@ -9,7 +9,7 @@ from typing import Any, AsyncContextManager, Awaitable
 from client.gather import TooManyExceptions, gather_trajectory_groups
 from client.loop.config import LoopConfig
 from client.model import TrainableModel
-from client.outage import watch_for
+from client.outage import MODEL_CALL_SECONDS, watch_for
 from client.loop.ray_rollouts import RayRolloutPool
 from protocol.domains import DOMAIN_KEY
 from protocol.trajectory import Trajectory, TrajectoryGroup
@@ -79,7 +79,7 @@ class LocalRollouts(RolloutSource):
     def batch(self) -> AsyncContextManager[Any]:
         # One client per batch, closed when the batch is done: an unclosed client's connections can
         # leave a later batch's responses unread until they time out.
-        return self.model.openai_client(max_retries=0, timeout=120)
+        return self.model.openai_client(max_retries=0, timeout=MODEL_CALL_SECONDS)
 
     def rollout(self, shared: Any, policy: str, task: Task, seed: int | None) -> Awaitable[Trajectory]:
         return seeded(self.example.rollout(shared, policy, task), seed)

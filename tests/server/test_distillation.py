@@ -158,7 +158,7 @@ async def test_a_student_sampled_below_temperature_1_is_at_zero_kl_from_a_teache
 
 async def _distill_step(student: TrainableModel, url: str, seed: int, teacher: str = "teacher"):
     trajectories = [Trajectory(messages_and_choices=[*QUESTION, choice], reward=0.0)
-                    for _, choice in _sample(url, student.name, 8, seed)]
+                    for _, choice in _sample(url, student.name, 16, seed)]
     # The embedded model's samples start far from the teacher's (a reverse KL of about 6 nats a
     # token): at 5e-3 it barely moved in 8 steps, at 2e-2 it fell to 0.6 (measured).
     config = TrainConfig(learning_rate=2e-2, distill=Distill(teacher=teacher))
@@ -168,13 +168,20 @@ async def _distill_step(student: TrainableModel, url: str, seed: int, teacher: s
 async def test_a_student_distilled_from_a_teacher_with_no_reward_comes_close_to_it(taught):
     student = await TrainableModel("student").register(taught.url)
     kls = []
-    for step in range(8):
+    for step in range(12):
         result = await _distill_step(student, taught.url, seed=step)
         m = result.metrics
         assert result.trained and m.prompt_mismatches == 0 and m.groups_dropped_constant == 0, m
         kls.append(m.teacher_kl)
     print("teacher KL per step:", [round(k, 3) for k in kls])
-    assert kls[0] > 3.0 and sum(kls[-2:]) / 2 < 0.3 * kls[0], kls  # rewards were all 0: the KL taught it
+    # Rewards were all 0: the KL taught it. It does not fall steadily: it first rises (6-7 to as much
+    # as 10) while the student searches, drops to about 0.8 once its samples find the teacher's
+    # answer, and can jump back to 2-5 for a step or a few when a sample strays, whose tokens the
+    # teacher scores at -20. So it is judged by its best step and by the median of its second half;
+    # its last two steps alone were above a third of its start on 1 of 14 seeds at 16 samples a step
+    # (measured), and in one CI run at 8 samples and 8 steps (6.4 at the start, 4.3 and 0.9 at the end).
+    second_half = sorted(kls[6:])
+    assert kls[0] > 3.0 and min(kls) < 0.2 * kls[0] and (second_half[2] + second_half[3]) / 2 < 0.5 * kls[0], kls
 
 
 async def test_a_teacher_that_cannot_score_the_student_s_tokens_is_refused_at_submission(taught, tmp_path):
