@@ -10,7 +10,7 @@ calculator, up to five turns, scored by reasoning-gym's score_answer.
    same questions in the same order, the same reward and settings, for the training seconds artisan
    took (bench/tool_agent_trl.py).
 4. Both are judged by one held-out measure, computed the same way for both after training: greedy
-   success over held-out questions (bench/tool_agent_trl.greedy_rewards), at the SFT start and
+   success over held-out questions (bench/tool_agent_trl.greedy_episodes), at the SFT start and
    every K steps. A curve point is [training seconds, step, success]; `by_kinds` beside it splits
    each point's success by the kinds of animal in the question (three, or four, which no
    demonstration has).
@@ -19,7 +19,7 @@ calculator, up to five turns, scored by reasoning-gym's score_answer.
     python bench/tool_agent.py --quick    # 2 steps of 2 x 4, 8 held-out questions: that it runs
 
 The server's database (every trained step's trajectories, their rewards and metrics) is kept as
-<out>/artisan.sqlite.
+<out>/artisan.sqlite, and each evaluated step's greedy held-out episodes as <out>/episodes/.
 """
 
 from __future__ import annotations
@@ -119,17 +119,29 @@ def success_by_kinds(rows: list[dict], rewards: list[float]) -> dict[str, float]
 
 
 def curve(model_dir: Path, start: Path, saved: list[dict[str, Any]], eval_rows: list[dict],
-          settings: RolloutSettings) -> dict[str, list]:
+          settings: RolloutSettings, episodes: Path) -> dict[str, list]:
     """Held-out success at the start and at each saved step: points [training seconds, step,
-    success], and beside them [step, success by kinds]."""
-    from tool_agent_trl import greedy_rewards
+    success], and beside them [step, success by kinds]. Each point's greedy episodes are kept as
+    `episodes`/step-K.jsonl: where greedy and sampled success part, the episodes say how."""
+    from tool_agent_trl import greedy_episodes
 
+    episodes.mkdir(parents=True, exist_ok=True)
     points, by_kinds = [], []
     for t, step, adapter in [(0.0, 0, start), *((s["train_seconds"], s["step"], s["adapter"]) for s in saved)]:
-        rewards = greedy_rewards(model_dir, adapter, eval_rows, settings.max_turns, settings.max_tokens)
+        scored = greedy_episodes(model_dir, adapter, eval_rows, settings.max_turns, settings.max_tokens)
+        rewards = [score.reward for _, score in scored]
+        keep_episodes(episodes / f"step-{step}.jsonl", eval_rows, scored)
         points.append([round(t, 1), step, round(sum(rewards) / len(rewards), 4)])
         by_kinds.append([step, success_by_kinds(eval_rows, rewards)])
     return {"curve": points, "by_kinds": by_kinds}
+
+
+def keep_episodes(path: Path, rows: list[dict], scored: list[tuple[list[dict], Any]]) -> None:
+    """One line per held-out question: it and its answer, the episode's reward and metrics, its messages."""
+    with path.open("w") as f:
+        for row, (messages, score) in zip(rows, scored, strict=True):
+            f.write(json.dumps({"question": row["question"], "answer": row["answer"], "reward": score.reward,
+                                "metrics": score.metrics, "messages": messages}) + "\n")
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -193,7 +205,8 @@ def main() -> None:
         work = Path(scratch)
         artisan = run_artisan(a, gguf, work)
         result["warm_start"] = {"seconds": artisan["warm_start_seconds"], **(artisan["warm_start"] or {})}
-        result["artisan"] = {**curve(model_dir, artisan["start_adapter"], artisan["saved"], eval_rows, settings),
+        result["artisan"] = {**curve(model_dir, artisan["start_adapter"], artisan["saved"], eval_rows, settings,
+                                   a.out / "episodes" / "artisan"),
                              "updates": artisan["updates"],
                              **({"stopped": artisan["stopped"]} if artisan["stopped"] else {})}
         # Said now, not only in the last line: TRL's half takes as long again, and a stopped bench keeps this.
@@ -208,7 +221,8 @@ def main() -> None:
                             temperature=a.temperature, max_turns=settings.max_turns,
                             max_tokens_per_turn=settings.max_tokens, seed=a.seed, out=work / "trl",
                             save_every=a.eval_every, budget_seconds=budget)
-            result["trl"] = curve(model_dir, artisan["start_adapter"], saved, eval_rows, settings)
+            result["trl"] = curve(model_dir, artisan["start_adapter"], saved, eval_rows, settings,
+                                  a.out / "episodes" / "trl")
     for name in ("artisan", "trl"):
         if name in result:
             points = result[name]["curve"]

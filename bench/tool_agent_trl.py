@@ -4,7 +4,7 @@ trainers are judged by.
 - `run_trl`: TRL 1.16's GRPOTrainer with its own tool loop on examples/leg_lookup, from artisan's
   warm start exported as PEFT (bench/trl_agents.export_peft), its config set to artisan's step
   wherever TRL has the knob (bench/learn.py's terms).
-- `greedy_rewards`: bench/trl_agents.greedy_rewards on held-out rows; the reward is LegLookupEnv.score's.
+- `greedy_episodes`: bench/trl_agents.greedy_episodes on held-out rows; the reward is LegLookupEnv.score's.
 """
 
 from __future__ import annotations
@@ -147,9 +147,9 @@ def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, ste
 
 # ---- held-out measure ---------------------------------------------------------------------------
 
-def greedy_rewards(model_dir: Path, adapter: Path | None, rows: list[dict], max_turns: int,
-                   max_tokens: int) -> list[float]:
-    """The held-out measure, per row: the LegLookupEnv reward of a greedy episode, under the example's
-    turn limits (a caller's own defaults once judged at another limit than training's)."""
-    return trl_agents.greedy_rewards(model_dir, adapter, [leg_lookup.LegLookupEnv(r) for r in rows],
-                                     leg_lookup.CHAT_TEMPLATE.read_text(), max_turns, max_tokens)
+def greedy_episodes(model_dir: Path, adapter: Path | None, rows: list[dict], max_turns: int,
+                    max_tokens: int) -> list[tuple[list[dict], Any]]:
+    """The held-out measure's episodes, per row: its greedy messages and LegLookupEnv's Score, under
+    the example's turn limits (a caller's own defaults once judged at another limit than training's)."""
+    return trl_agents.greedy_episodes(model_dir, adapter, [leg_lookup.LegLookupEnv(r) for r in rows],
+                                      leg_lookup.CHAT_TEMPLATE.read_text(), max_turns, max_tokens)

@@ -1,9 +1,10 @@
 """bench/tool_agent.py gives TRL the questions client.train trains artisan on, in the order it draws them,
-and splits held-out success by the kinds of animal in a question."""
+splits held-out success by the kinds of animal in a question, and keeps each held-out episode."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sqlite3
 import types
 
@@ -54,3 +55,16 @@ def test_held_out_success_is_split_by_the_kinds_of_animal_in_a_question():
     assert bench.success_by_kinds(rows, rewards) == {"3": 1.0, "4": round(sum(four) / len(four), 4)}
     with pytest.raises(ValueError):  # a reward per row, or the split is of other questions
         bench.success_by_kinds(rows, rewards[:-1])
+
+
+def test_each_held_out_episode_is_kept_with_its_question_reward_and_messages(tmp_path):
+    rows = [t.data["row"] for t in leg_lookup.make_example().eval_tasks()[:3]]
+    scored = [([{"role": "user", "content": r["question"]}, {"role": "assistant", "content": str(i)}],
+               types.SimpleNamespace(reward=i / 2, metrics={"turns": 1})) for i, r in enumerate(rows)]
+    bench.keep_episodes(tmp_path / "step-4.jsonl", rows, scored)
+    kept = [json.loads(line) for line in (tmp_path / "step-4.jsonl").read_text().splitlines()]
+    assert [k["question"] for k in kept] == [r["question"] for r in rows]
+    assert [k["reward"] for k in kept] == [0.0, 0.5, 1.0]
+    assert kept[2]["messages"][-1] == {"role": "assistant", "content": "2"} and kept[0]["answer"] == rows[0]["answer"]
+    with pytest.raises(ValueError):  # an episode per question, or the lines name other questions
+        bench.keep_episodes(tmp_path / "short.jsonl", rows, scored[:-1])
