@@ -42,7 +42,7 @@ from client.errors import EXIT_CANNOT_LEARN  # noqa: E402
 from client.local_server import ROOT, LocalServer  # noqa: E402
 from client.loop.task_draws import TaskDraws  # noqa: E402
 from examples import leg_lookup  # noqa: E402
-from rollouts.env import RolloutSettings  # noqa: E402
+from rollouts.env import RolloutSettings, Score  # noqa: E402
 
 RUN = "tool-agent"
 
@@ -136,12 +136,11 @@ def curve(model_dir: Path, start: Path, saved: list[dict[str, Any]], eval_rows: 
     return {"curve": points, "by_kinds": by_kinds}
 
 
-def keep_episodes(path: Path, rows: list[dict], scored: list[tuple[list[dict], Any]]) -> None:
+def keep_episodes(path: Path, rows: list[dict], scored: list[tuple[list[dict], Score]]) -> None:
     """One line per held-out question: it and its answer, the episode's reward and metrics, its messages."""
-    with path.open("w") as f:
-        for row, (messages, score) in zip(rows, scored, strict=True):
-            f.write(json.dumps({"question": row["question"], "answer": row["answer"], "reward": score.reward,
-                                "metrics": score.metrics, "messages": messages}) + "\n")
+    path.write_text("".join(json.dumps({"question": row["question"], "answer": row["answer"], "reward": score.reward,
+                                        "metrics": score.metrics, "messages": messages}) + "\n"
+                            for row, (messages, score) in zip(rows, scored, strict=True)))
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

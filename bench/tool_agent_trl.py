@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from examples import leg_lookup  # noqa: E402
+from rollouts.env import Score  # noqa: E402
 from learn import (ADAM_BETAS, ADAM_EPS, EPS_HIGH, EPS_LOW, LORA_ALPHA, LORA_RANK,  # noqa: E402
                    LORA_TARGETS, MAX_GRAD_NORM)
 import trl_agents  # noqa: E402
@@ -148,7 +149,7 @@ def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, ste
 # ---- held-out measure ---------------------------------------------------------------------------
 
 def greedy_episodes(model_dir: Path, adapter: Path | None, rows: list[dict], max_turns: int,
-                    max_tokens: int) -> list[tuple[list[dict], Any]]:
+                    max_tokens: int) -> list[tuple[list[dict], Score]]:
     """The held-out measure's episodes, per row: its greedy messages and LegLookupEnv's Score, under
     the example's turn limits (a caller's own defaults once judged at another limit than training's)."""
     return trl_agents.greedy_episodes(model_dir, adapter, [leg_lookup.LegLookupEnv(r) for r in rows],

@@ -14,6 +14,7 @@ from client.local_server import ROOT
 from client.loop.config import LoopConfig
 from client.loop.training_loop import TrainingLoop
 from examples import leg_lookup
+from rollouts.env import Score
 
 pytestmark = pytest.mark.unit
 
@@ -60,7 +61,7 @@ def test_held_out_success_is_split_by_the_kinds_of_animal_in_a_question():
 def test_each_held_out_episode_is_kept_with_its_question_reward_and_messages(tmp_path):
     rows = [t.data["row"] for t in leg_lookup.make_example().eval_tasks()[:3]]
     scored = [([{"role": "user", "content": r["question"]}, {"role": "assistant", "content": str(i)}],
-               types.SimpleNamespace(reward=i / 2, metrics={"turns": 1})) for i, r in enumerate(rows)]
+               Score(reward=i / 2, metrics={"turns": 1})) for i, r in enumerate(rows)]
     bench.keep_episodes(tmp_path / "step-4.jsonl", rows, scored)
     kept = [json.loads(line) for line in (tmp_path / "step-4.jsonl").read_text().splitlines()]
     assert [k["question"] for k in kept] == [r["question"] for r in rows]
