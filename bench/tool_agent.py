@@ -19,7 +19,8 @@ calculator, up to five turns, scored by reasoning-gym's score_answer.
     python bench/tool_agent.py --quick    # 2 steps of 2 x 4, 8 held-out questions: that it runs
 
 The server's database (every trained step's trajectories, their rewards and metrics) is kept as
-<out>/artisan.sqlite, and each evaluated step's greedy held-out episodes as <out>/episodes/.
+<out>/artisan.sqlite, each evaluated step's greedy held-out episodes as <out>/episodes/, and TRL's
+sampled training episodes as <out>/episodes/trl-train.jsonl.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def keep_database(db: Path, kept: Path) -> None:
 
 
 def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]:
-    """The warm start and artisan's GRPO; each evaluated step's adapter exported for the evaluator."""
+    """The warm start and artisan's GRPO (the warm start alone with `--only trl`); each evaluated
+    step's adapter exported for the evaluator."""
     from trl_agents import export_peft
 
     data = work / "artisan-data"
@@ -88,6 +90,10 @@ def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]
         warm = _train(server, a, work / "warm", 1)
         warm_seconds = time.perf_counter() - started
         start = export_peft(checkpoints, 1, run_json, work / "adapters" / "artisan-1")
+        started_with = {"start_adapter": start, "warm_start_seconds": round(warm_seconds, 1),
+                        "warm_start": warm.get("warm_start")}
+        if a.only == "trl":
+            return started_with | {"saved": [], "stopped": None, "updates": []}
         summary = _train(server, a, work / "grpo", 1 + a.steps)
     keep_database(data / "artisan.sqlite", a.out / "artisan.sqlite")
     # Training seconds per step: each attempt's sampling, scoring and training, as its line reports.
@@ -103,9 +109,7 @@ def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]
     # at one learning rate is where two trainers' steps differ first.
     updates = [{k: h.get(k) for k in ("step", "reward_mean", "grad_norm", "lora_update_norm", "optimizer_reset")}
                for h in summary["history"] if h["trained"]]
-    return {"start_adapter": start, "warm_start_seconds": round(warm_seconds, 1),
-            "warm_start": warm.get("warm_start"), "saved": adapters, "stopped": summary.get("stopped"),
-            "updates": updates}
+    return started_with | {"saved": adapters, "stopped": summary.get("stopped"), "updates": updates}
 
 
 def success_by_kinds(rows: list[dict], rewards: list[float]) -> dict[str, float]:
@@ -179,7 +183,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dynamic-sampling", type=int, default=0,
                     help="artisan's: groups a step sampled in place of groups that scored alike (TRL has none)")
-    ap.add_argument("--only", choices=["artisan"], help="skip TRL")
+    ap.add_argument("--only", choices=["artisan", "trl"],
+                    help="one trainer's half from the warm start (TRL alone runs all its --steps, with no budget)")
     ap.add_argument("--quick", action="store_true", help="2 steps of 2 x 4, 8 held-out questions, 32 demonstrations")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench-tool-agent")
     a = ap.parse_args()
@@ -204,22 +209,27 @@ def main() -> None:
         work = Path(scratch)
         artisan = run_artisan(a, gguf, work)
         result["warm_start"] = {"seconds": artisan["warm_start_seconds"], **(artisan["warm_start"] or {})}
-        result["artisan"] = {**curve(model_dir, artisan["start_adapter"], artisan["saved"], eval_rows, settings,
-                                   a.out / "episodes" / "artisan"),
-                             "updates": artisan["updates"],
-                             **({"stopped": artisan["stopped"]} if artisan["stopped"] else {})}
-        # Said now, not only in the last line: TRL's half takes as long again, and a stopped bench keeps this.
-        print(f"artisan's curve [training seconds, step, held-out success]: {result['artisan']['curve']}; "
-              f"by kinds of animal [step, success]: {result['artisan']['by_kinds']}",
-              file=sys.stderr, flush=True)
-        if a.only is None:
+        if a.only != "trl":
+            result["artisan"] = {**curve(model_dir, artisan["start_adapter"], artisan["saved"], eval_rows,
+                                       settings, a.out / "episodes" / "artisan"),
+                                 "updates": artisan["updates"],
+                                 **({"stopped": artisan["stopped"]} if artisan["stopped"] else {})}
+            # Said now, not only in the last line: TRL's half takes as long again, and a stopped bench keeps this.
+            print(f"artisan's curve [training seconds, step, held-out success]: {result['artisan']['curve']}; "
+                  f"by kinds of animal [step, success]: {result['artisan']['by_kinds']}",
+                  file=sys.stderr, flush=True)
+        if a.only != "artisan":
             budget = artisan["saved"][-1]["train_seconds"] if artisan["saved"] else None
             train_rows = drawn_rows(example, a.seed, a.steps * a.prompts_per_step)
+            trl_train = a.out / "episodes" / "trl-train.jsonl"
+            trl_train.parent.mkdir(parents=True, exist_ok=True)
+            trl_train.unlink(missing_ok=True)  # this run's episodes alone
             saved = run_trl(model_dir, artisan["start_adapter"], train_rows, steps=a.steps,
                             prompts_per_step=a.prompts_per_step, group_size=a.group_size, learning_rate=a.lr,
                             temperature=a.temperature, max_turns=settings.max_turns,
                             max_tokens_per_turn=settings.max_tokens, seed=a.seed, out=work / "trl",
-                            save_every=a.eval_every, budget_seconds=budget)
+                            save_every=a.eval_every, budget_seconds=budget,
+                            train_episodes=trl_train)
             result["trl"] = curve(model_dir, artisan["start_adapter"], saved, eval_rows, settings,
                                   a.out / "episodes" / "trl")
     for name in ("artisan", "trl"):

@@ -86,12 +86,15 @@ def _check_lora(adapter: Path) -> None:
 
 def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, steps: int, prompts_per_step: int,
             group_size: int, learning_rate: float, temperature: float, max_turns: int, max_tokens_per_turn: int,
-            seed: int, out: Path, save_every: int, budget_seconds: float | None) -> list[dict]:
+            seed: int, out: Path, save_every: int, budget_seconds: float | None,
+            train_episodes: Path | None = None) -> list[dict]:
     """GRPO with TRL's tool loop from `start_adapter`, on `train_rows` in order, prompts_per_step x
     group_size episodes per optimizer step. The adapter is saved to out/step-N every `save_every`
     steps and at the last step (`steps`, or the first step whose training seconds pass
     `budget_seconds`). One {"step", "train_seconds", "adapter"} per saved step, train_seconds
-    counting from the start of training and leaving the saving out."""
+    counting from the start of training and leaving the saving out. Each sampled episode is
+    appended to `train_episodes` (JSON lines: step, question, reward, TRL's completion messages):
+    TRL's batches beside artisan's trajectories on the same questions."""
     import torch
     from datasets import Dataset
     from peft import PeftModel
@@ -110,7 +113,11 @@ def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, ste
     per_pass = math.gcd(episodes, EPISODES_PER_PASS)  # the passes must add up to the step's episodes
 
     def leg_reward(prompts, completions, row, **_):
-        return [reward(used[i], c) for c, i in zip(completions, row)]
+        rewards = [reward(used[i], c) for c, i in zip(completions, row)]
+        if train_episodes is not None:
+            keep_train_episodes(train_episodes, [used[i] for i in row], [i // prompts_per_step + 1 for i in row],
+                                completions, rewards)
+        return rewards
 
     config = GRPOConfig(
         output_dir=str(out / "trl"), use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
@@ -144,6 +151,15 @@ def run_trl(model_dir: Path, start_adapter: Path, train_rows: list[dict], *, ste
     trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout, where the bench's JSON goes
     trainer.train()
     return saved
+
+
+def keep_train_episodes(path: Path, rows: list[dict], steps: list[int], completions: list[list[dict]],
+                        rewards: list[float]) -> None:
+    """Appends one line per TRL training episode: its step, question and reward, TRL's completion messages."""
+    lines = "".join(json.dumps({"step": step, "question": row["question"], "reward": r, "messages": c}, default=str)
+                    + "\n" for row, step, c, r in zip(rows, steps, completions, rewards, strict=True))
+    with path.open("a") as f:  # a batch's lines whole, or none of them
+        f.write(lines)
 
 
 # ---- held-out measure ---------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """bench/tool_agent.py gives TRL the questions client.train trains artisan on, in the order it draws them,
-splits held-out success by the kinds of animal in a question, and keeps each held-out episode."""
+splits held-out success by the kinds of animal in a question, and keeps each held-out episode and
+TRL's training episodes."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import sqlite3
 import types
 
@@ -69,3 +71,21 @@ def test_each_held_out_episode_is_kept_with_its_question_reward_and_messages(tmp
     assert kept[2]["messages"][-1] == {"role": "assistant", "content": "2"} and kept[0]["answer"] == rows[0]["answer"]
     with pytest.raises(ValueError):  # an episode per question, or the lines name other questions
         bench.keep_episodes(tmp_path / "short.jsonl", rows, scored[:-1])
+
+
+def test_trls_training_episodes_are_appended_with_their_step_question_and_reward(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import tool_agent_trl
+
+    rows = [t.data["row"] for t in leg_lookup.make_example().eval_tasks()[:3]]
+    completions = [[{"role": "assistant", "content": str(i)}] for i in range(3)]
+    kept = tmp_path / "trl-train.jsonl"
+    tool_agent_trl.keep_train_episodes(kept, rows[:2], [1, 1], completions[:2], [0.0, 1.0])
+    tool_agent_trl.keep_train_episodes(kept, rows[2:], [2], completions[2:], [0.5])  # the next batch appends
+    lines = [json.loads(line) for line in kept.read_text().splitlines()]
+    assert [(k["step"], k["question"], k["reward"]) for k in lines] == [
+        (1, rows[0]["question"], 0.0), (1, rows[1]["question"], 1.0), (2, rows[2]["question"], 0.5)]
+    assert lines[2]["messages"] == completions[2]
+    with pytest.raises(ValueError):  # a reward per episode, or the lines mismatch them
+        tool_agent_trl.keep_train_episodes(tmp_path / "short.jsonl", rows, [1, 1, 1], completions, [0.0])
+    assert not (tmp_path / "short.jsonl").exists()
