@@ -8,7 +8,7 @@ calculator, up to five turns, scored by reasoning-gym's score_answer.
 2. artisan: GRPO from that step through `client.train`, the command a user runs.
 3. TRL 1.16: GRPOTrainer with its tool support, from the same adapter (exported as PEFT), on the
    same questions in the same order, the same reward and settings, for the training seconds artisan
-   took (bench/tool_agent_trl.py).
+   took (bench/tool_agent_trl.py); with `--only trl`, without artisan's half, for all its steps.
 4. Both are judged by one held-out measure, computed the same way for both after training: greedy
    success over held-out questions (bench/tool_agent_trl.greedy_episodes), at the SFT start and
    every K steps. A curve point is [training seconds, step, success]; `by_kinds` beside it splits
