@@ -1,6 +1,6 @@
 """What test modules share, beside the fixtures and the server they start (conftest.py): rollouts
-to train on, the server's JSON, `client.train` as a user runs it, a saved step's adapter, and an
-ASGI app (a stand-in endpoint, or art-server's own app) served in a thread of the test's process.
+to train on, the server's JSON, `client.train` as a user runs it, a saved step's adapter, a bench
+script as a module, and an ASGI app (a stand-in endpoint, or art-server's own app) served in a thread of the test's process.
 
 Imported as `tests.helpers` (tests/art_client cannot: ART's environments install a `tests` package of
 their own). Nothing here imports torch until a test reads weights.
@@ -9,6 +9,7 @@ their own). Nothing here imports torch until a test reads weights.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -43,6 +45,14 @@ async def demo_groups(model: TrainableModel, n_groups: int, size: int, seed: int
                                            for i in range(size)))
             out.append(TrajectoryGroup(trajectories=list(trajs)))
     return out
+
+
+def bench_module(name: str) -> ModuleType:
+    """bench/<name>.py loaded as a module: the benches are scripts, not a package."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def with_rewards(groups: list[TrajectoryGroup], rewards: list[list[float]]) -> list[TrajectoryGroup]:

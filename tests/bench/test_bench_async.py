@@ -3,20 +3,16 @@ throughput score."""
 
 from __future__ import annotations
 
-import importlib.util
+import asyncio
 import math
 
 import pytest
 
-from client.local_server import ROOT
+from tests.helpers import bench_module
 
 pytestmark = pytest.mark.unit
 
-spec = importlib.util.spec_from_file_location("bench_async", ROOT / "bench" / "async.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
-
-import asyncio
+bench = bench_module("async")
 
 REWARDS = {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.95}
 LANDED = {1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0}

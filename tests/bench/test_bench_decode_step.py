@@ -3,14 +3,11 @@ the decode pass giving the model's forward's bits on SmolLM2."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
-from client.local_server import ROOT
+from tests.helpers import bench_module
 
-spec = importlib.util.spec_from_file_location("bench_decode_step", ROOT / "bench" / "decode_step.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = bench_module("decode_step")
 
 
 def test_the_bench_times_both_passes_and_finds_the_same_bits(monkeypatch, capsys):

@@ -3,16 +3,13 @@ its times on 1 and 2 threads, and no busy process left behind."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
-from client.local_server import ROOT
+from tests.helpers import bench_module
 
-spec = importlib.util.spec_from_file_location("bench_omp_wait", ROOT / "bench" / "omp_wait.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = bench_module("omp_wait")
 
 
 def test_every_case_reports_both_thread_counts_and_stops_its_busy_processes(monkeypatch, capsys):

@@ -4,25 +4,22 @@ TRL's training episodes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import sqlite3
 import types
 
 import pytest
 
-from client.local_server import ROOT
 from client.loop.config import LoopConfig
 from client.loop.training_loop import TrainingLoop
 from examples import leg_lookup
 from rollouts.env import Score
+from tests.helpers import bench_module
 
 pytestmark = pytest.mark.unit
 
-spec = importlib.util.spec_from_file_location("bench_tool_agent", ROOT / "bench" / "tool_agent.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+
+bench = bench_module("tool_agent")
 
 
 @pytest.mark.parametrize("seed", [0, 3])
@@ -74,9 +71,7 @@ def test_each_held_out_episode_is_kept_with_its_question_reward_and_messages(tmp
 
 
 def test_trls_training_episodes_are_appended_with_their_step_question_and_reward(tmp_path):
-    sys.path.insert(0, str(ROOT / "bench"))
-    import tool_agent_trl
-
+    tool_agent_trl = bench_module("tool_agent_trl")
     rows = [t.data["row"] for t in leg_lookup.make_example().eval_tasks()[:3]]
     completions = [[{"role": "assistant", "content": str(i)}] for i in range(3)]
     kept = tmp_path / "trl-train.jsonl"

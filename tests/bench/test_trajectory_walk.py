@@ -4,18 +4,16 @@ returns inside them, distinct functions of ours; first on a planted call graph, 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import threading
 
 import pytest
 
 from client.local_server import ROOT
+from tests.helpers import bench_module
 
 pytestmark = pytest.mark.unit
 
-spec = importlib.util.spec_from_file_location("bench_trajectory_walk", ROOT / "bench" / "trajectory_walk.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = bench_module("trajectory_walk")
 Event = bench.Event
 
 
