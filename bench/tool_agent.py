@@ -8,7 +8,9 @@ calculator, up to five turns, scored by reasoning-gym's score_answer.
 2. artisan: GRPO from that step through `client.train`, the command a user runs.
 3. TRL 1.16: GRPOTrainer with its tool support, from the same adapter (exported as PEFT), on the
    same questions in the same order, the same reward and settings, for the training seconds artisan
-   took (bench/tool_agent_trl.py); with `--only trl`, without artisan's half, for all its steps.
+   took (bench/tool_agent_trl.py), at most its steps (`--trl-steps` more, for equal seconds where
+   TRL's steps are faster); with `--only trl`, without artisan's half, for all its steps or
+   `--trl-seconds`.
 4. Both are judged by one held-out measure, computed the same way for both after training: greedy
    success over held-out questions (bench/tool_agent_trl.greedy_episodes), at the SFT start and
    every K steps. A curve point is [training seconds, step, success]; `by_kinds` beside it splits
@@ -112,6 +114,14 @@ def run_artisan(a: argparse.Namespace, gguf: Path, work: Path) -> dict[str, Any]
     return started_with | {"saved": adapters, "stopped": summary.get("stopped"), "updates": updates}
 
 
+def trl_budget(a: argparse.Namespace, artisan_saved: list[dict[str, Any]]) -> tuple[float | None, int]:
+    """TRL's budget of training seconds and its most steps: artisan's seconds (--trl-seconds alone
+    with --only trl, None without it), and --trl-steps, or artisan's --steps. With --trl-steps past
+    --steps, TRL uses what artisan's seconds allow rather than stopping at artisan's step count."""
+    seconds = a.trl_seconds if a.only == "trl" else (artisan_saved[-1]["train_seconds"] if artisan_saved else None)
+    return seconds, a.trl_steps or a.steps
+
+
 def success_by_kinds(rows: list[dict], rewards: list[float]) -> dict[str, float]:
     """Held-out success by the number of kinds of animal in the question. The demonstrations have
     two or three kinds and the held-out questions three or four, so the four-kind figure is what
@@ -184,10 +194,19 @@ def main() -> None:
     ap.add_argument("--dynamic-sampling", type=int, default=0,
                     help="artisan's: groups a step sampled in place of groups that scored alike (TRL has none)")
     ap.add_argument("--only", choices=["artisan", "trl"],
-                    help="one trainer's half from the warm start (TRL alone runs all its --steps, with no budget)")
+                    help="one trainer's half from the warm start (TRL alone has no budget but --trl-seconds)")
+    # Equal seconds, not equal steps: where TRL's steps are the faster, artisan's step count would
+    # stop it with seconds of the budget unspent.
+    ap.add_argument("--trl-steps", type=int,
+                    help="TRL's most steps (--steps by default); it stops sooner once its training seconds pass "
+                         "its budget: artisan's training seconds, or --trl-seconds")
+    ap.add_argument("--trl-seconds", type=float,
+                    help="with --only trl: TRL's budget of training seconds (artisan's from an earlier run)")
     ap.add_argument("--quick", action="store_true", help="2 steps of 2 x 4, 8 held-out questions, 32 demonstrations")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench-tool-agent")
     a = ap.parse_args()
+    if a.trl_seconds is not None and a.only != "trl":
+        ap.error("--trl-seconds is for --only trl: with both halves TRL's budget is artisan's training seconds")
     if a.quick:
         a.steps, a.eval_every, a.eval_n, a.group_size, a.prompts_per_step, a.warm_start = 2, 1, 8, 4, 2, 32
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -219,12 +238,12 @@ def main() -> None:
                   f"by kinds of animal [step, success]: {result['artisan']['by_kinds']}",
                   file=sys.stderr, flush=True)
         if a.only != "artisan":
-            budget = artisan["saved"][-1]["train_seconds"] if artisan["saved"] else None
-            train_rows = drawn_rows(example, a.seed, a.steps * a.prompts_per_step)
+            budget, trl_steps = trl_budget(a, artisan["saved"])
+            train_rows = drawn_rows(example, a.seed, trl_steps * a.prompts_per_step)
             trl_train = a.out / "episodes" / "trl-train.jsonl"
             trl_train.parent.mkdir(parents=True, exist_ok=True)
             trl_train.unlink(missing_ok=True)  # this run's episodes alone
-            saved = run_trl(model_dir, artisan["start_adapter"], train_rows, steps=a.steps,
+            saved = run_trl(model_dir, artisan["start_adapter"], train_rows, steps=trl_steps,
                             prompts_per_step=a.prompts_per_step, group_size=a.group_size, learning_rate=a.lr,
                             temperature=a.temperature, max_turns=settings.max_turns,
                             max_tokens_per_turn=settings.max_tokens, seed=a.seed, out=work / "trl",

@@ -1,6 +1,7 @@
 """A run that gets worse, or no better, told in the line that sees it: held-out reward falling from
 its best, held-out reward not rising above where training started, training reward falling from its
-best, and entropy collapsing before the task is learned. Pure functions of the loop's figures.
+best, entropy collapsing before the task is learned, and held-out tasks all given one answer. Pure
+functions of the loop's figures.
 
 Runs on untuned tasks (too high a learning rate, mostly) have been seen to climb, then fall below
 their best held-out reward while entropy collapsed until every rollout of a group gave the same
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from typing import Any
 
 from client.loop.report import short_float
@@ -32,6 +34,12 @@ FEW_GROUPS_WITH_SIGNAL = 0.5  # below this share of groups with a reward spread,
 # while the held-out curve fell back to its start, and the step lines blamed the tasks. Replayed on the batch
 # rewards of three other tool-agent runs (8 to 16 steps), the rule stays silent.
 TRAINING_WINDOW = 4
+# One final reply given to this share of the held-out tasks. In bench/results/learn-sweep.jsonl every
+# count_primes run of both trainers ended at 0.250 held out, the share of its 64 questions whose
+# answer is 2 (0.266); a model that answers "2" whatever the range scores that, and the runs' rise
+# over the base read as learning.
+ONE_ANSWER_SHARE = 0.5
+ONE_ANSWER_TASKS = 8  # fewer held-out replies than this say nothing of a collapse
 
 
 def stderr_of(rewards: list[float]) -> float | None:
@@ -165,6 +173,26 @@ def entropy_collapse(first: tuple[int, float] | None, step: int, entropy: float 
     said = "-" if reward is None else f"{reward:.3g}"
     return (f"entropy fell from {first[1]:.3g} to {entropy:.3g} nats per token since step {first[0]} while reward is "
             f"{said}: the policy is collapsing onto one answer before it has learned the task; lower --learning-rate")
+
+
+def one_answer(replies: list[str], reward: float | None) -> str | None:
+    """A warning when one final reply (non-empty, as `final_reply` gives it) answers at least
+    ONE_ANSWER_SHARE of the held-out tasks, and the held-out reward is below that share: the policy
+    gives one answer whatever the question, and its reward is how often that answer happens to be
+    right. A reward at or above the share is a task whose answers are mostly that one, learned. None
+    with fewer than ONE_ANSWER_TASKS replies or no reward."""
+    said = [r for r in replies if r]
+    if len(said) < ONE_ANSWER_TASKS or reward is None:
+        return None
+    answer, count = Counter(said).most_common(1)[0]
+    share = count / len(replies)
+    if share < ONE_ANSWER_SHARE or reward >= share:
+        return None
+    shown = answer if len(answer) <= 40 else answer[:37] + "..."
+    return (f"{count} of {len(replies)} held-out tasks got the same final reply, {shown!r}: the policy gives one "
+            f"answer whatever the question, and its held-out reward ({reward:.3f}) is how often that answer is "
+            f"right, not the task learned; the task may be beyond the model as posed: an easier setting "
+            f"(--curriculum), demonstrations (--warm-start), or a tool that computes what it cannot")
 
 
 def keep_best_line(run: str, best: dict[str, Any], latest: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from client.loop.report import figure
 from client.loop.rollout_source import LocalRollouts, RolloutSource
 from protocol.domains import domain_figures
 from protocol.names import policy_name
-from protocol.trajectory import TrajectoryGroup
+from protocol.trajectory import Trajectory, TrajectoryGroup
 from rollouts.env import Example, Task
 from rollouts.seeding import derive_seed
 
@@ -26,12 +26,21 @@ def eval_seed(seed: int | None, step: int) -> int | None:
     return None if seed is None else derive_seed(seed, "eval", step)
 
 
+def final_reply(trajectory: Trajectory) -> str:
+    """The text of the trajectory's last assistant turn, its whitespace collapsed: the answer the
+    episode ended on ("" when that turn has no text, a tool call's)."""
+    last = next((m for m in reversed(trajectory.messages()) if m.get("role") == "assistant"), {})
+    content = last.get("content")
+    return " ".join(content.split()) if isinstance(content, str) else ""
+
+
 async def evaluate_on(rollouts: RolloutSource, tasks: list[Task], progress: bool, step: int | None = None,
                       by_domain: dict[str, Any] | None = None, seed: int | None = None,
-                      rewards: list[float] | None = None) -> float | None:
+                      rewards: list[float] | None = None, replies: list[str] | None = None) -> float | None:
     """Held-out reward of step `step` (the latest by default), logged as that step's. `by_domain`,
     if given, receives the reward per domain of tasks that name one; `rewards`, each task's reward
-    (a task whose rollout failed has none). `seed`: as RolloutSource.run_groups'."""
+    (a task whose rollout failed has none); `replies`, each task's final reply. `seed`: as
+    RolloutSource.run_groups'."""
     model = rollouts.model
     policy = None if step is None else policy_name(model.name, step)
     groups = await rollouts.run_groups(tasks, 1, progress=progress, description="eval", policy=policy, seed=seed)
@@ -40,6 +49,8 @@ async def evaluate_on(rollouts: RolloutSource, tasks: list[Task], progress: bool
         by_domain.update({d: f["reward_mean"] for d, f in domain_figures(groups).items()})
     if rewards is not None:
         rewards.extend(mean_reward([g]) for g in groups if g.trajectories)
+    if replies is not None:
+        replies.extend(final_reply(g.trajectories[0]) for g in groups if g.trajectories)
     return mean_reward(groups)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from client.loop.apo import NothingToRegress, ValueTable
 from client.loop.curriculum import next_level, success_rate
 from client.loop.decline import (best_eval, entropy_collapse, first_entropy, held_out_decline, keep_best_line,
-                                no_held_out_gain, training_reward_decline)
+                                no_held_out_gain, one_answer, training_reward_decline)
 from client.errors import ConfigError
 from client.loop.evaluation import eval_line, eval_record, eval_seed, evaluate_on, measure_note
 from client.loop.examples import load_example
@@ -218,14 +218,15 @@ class TrainingLoop:
 
     async def eval_now(self) -> None:
         """Evaluate the latest step on the held-out tasks: recorded, and said with any decline or lack of gain."""
-        cfg, step, by_domain, rewards = self.cfg, self.model.step, {}, []
+        cfg, step, by_domain, rewards, replies = self.cfg, self.model.step, {}, [], []
         reward = await evaluate_on(self.rollouts, self.held_out, cfg.progress, step, by_domain,
-                                   seed=eval_seed(cfg.seed, step), rewards=rewards)
+                                   seed=eval_seed(cfg.seed, step), rewards=rewards, replies=replies)
         self.summary.evals.append(eval_record(step, reward, rewards, by_domain, self.summary.started))
         evals, warm = self.summary.evals, self.summary.warm_start
         warnings = [w for w in (held_out_decline(evals, cfg.run, self.learning_rate, cfg.keep_best),
                                 no_held_out_gain(evals, warm["step"] if warm else 0, cfg.steps, self.summary.history,
-                                                 self.learning_rate)) if w]
+                                                 self.learning_rate),
+                                one_answer(replies, reward)) if w]
         if warnings:
             evals[-1]["warnings"] = warnings  # summary.json keeps what the line said
         note = None if self.measure_said else measure_note(len(self.held_out), self.example.settings.temperature)

@@ -1,5 +1,5 @@
 """bench/tool_agent.py gives TRL the questions client.train trains artisan on, in the order it draws them,
-splits held-out success by the kinds of animal in a question, and keeps each held-out episode and
+and artisan's training seconds as its budget, splits held-out success by the kinds of animal in a question, and keeps each held-out episode and
 TRL's training episodes."""
 
 from __future__ import annotations
@@ -30,6 +30,17 @@ def test_trl_is_given_the_questions_client_train_draws_in_its_order(seed, tmp_pa
     drawn = [loop.draw().data["row"]["question"] for _ in range(40)]
     assert [row["question"] for row in bench.drawn_rows(example, seed, 40)] == drawn
     assert len(set(drawn)) > 20  # questions, not one repeated
+
+
+def test_trls_budget_is_artisans_training_seconds_and_its_steps_may_pass_artisans():
+    saved = [{"step": 4, "train_seconds": 808.0}, {"step": 8, "train_seconds": 1476.5}]
+    opts = dict(steps=4, trl_steps=None, trl_seconds=None, only=None)
+    assert bench.trl_budget(types.SimpleNamespace(**opts), saved) == (1476.5, 4)  # equal steps, at most its seconds
+    assert bench.trl_budget(types.SimpleNamespace(**opts | {"trl_steps": 12}), saved) == (1476.5, 12)
+    assert bench.trl_budget(types.SimpleNamespace(**opts), []) == (None, 4)  # artisan trained nothing
+    alone = opts | {"only": "trl"}
+    assert bench.trl_budget(types.SimpleNamespace(**alone), []) == (None, 4)
+    assert bench.trl_budget(types.SimpleNamespace(**alone | {"trl_seconds": 900.0, "trl_steps": 9}), []) == (900.0, 9)
 
 
 def test_the_servers_database_is_kept_whole_from_its_write_ahead_log(tmp_path):

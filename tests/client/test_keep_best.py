@@ -274,3 +274,33 @@ async def test_a_run_no_better_than_its_start_says_so_from_three_quarters_of_its
     assert summary["evals"][2]["warnings"] == [lines[at + 1].removeprefix("  warning: ")]
     for quiet in ("eval @ step 0: reward 0.250", "eval @ step 2: reward 0.375"):  # step 2 of 4: too soon to say
         assert not lines[lines.index(quiet) + 1].startswith("  warning:")
+
+
+@dataclass
+class _OneReply(_Declining):
+    """Held-out final replies scripted by the step evaluated: at step 0 every task is answered "12",
+    later each its own number; the rewards are _Declining's."""
+
+    async def rollout(self, client, model, task):
+        traj = await super().rollout(client, model, task)
+        if task.id.startswith("e") and not isinstance(traj, BaseException):
+            step, index = int(model.rpartition("@")[2]), task.metadata["index"]
+            traj.messages_and_choices[-1].message.content = "12" if step == 0 else f"{10 + index} legs"
+        return traj
+
+
+async def test_held_out_tasks_all_given_one_answer_are_named_on_the_evaluation_that_sees_it(server, tmp_path, capsys):
+    example = _OneReply(name="one-reply", settings=RolloutSettings(max_turns=1, max_tokens=6, temperature=1.0),
+                        solved={0: 2, 2: 7})
+    cfg = LoopConfig(server=server.url, run="one-reply", example="unused", steps=2, groups_per_step=2, group_size=4,
+                     eval_every=2, eval_tasks=8, out=tmp_path, progress=False, patience=5, seed=3,
+                     train=TrainConfig(learning_rate=1e-3))
+    summary = await train_loop(cfg, example)
+    lines = capsys.readouterr().out.splitlines()
+
+    assert [(e["step"], e["reward"]) for e in summary["evals"]] == [(0, 0.25), (2, 0.875)]
+    at0 = lines.index("eval @ step 0: reward 0.250")
+    said = "warning: 8 of 8 held-out tasks got the same final reply, '12': the policy gives one answer whatever"
+    assert lines[at0 + 2].startswith(f"  {said}"), lines[at0:at0 + 3]  # below the line saying what is measured
+    assert summary["evals"][0]["warnings"] == [lines[at0 + 2].removeprefix("  warning: ")]
+    assert not any("same final reply" in w for w in summary["evals"][1].get("warnings", []))

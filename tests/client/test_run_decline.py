@@ -1,7 +1,7 @@
 """A run that gets worse, or no better, is named in the line that sees it (client/loop/decline.py):
 held-out reward falling from its best by more than two standard errors, or not rising above where
-training started, entropy collapsing before the task is learned; and the best evaluated step, in
-summary.json and the web UI's run API."""
+training started, entropy collapsing before the task is learned, held-out tasks all given one
+answer; and the best evaluated step, in summary.json and the web UI's run API."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import math
 import pytest
 
 from client.loop.decline import (NO_GAIN_STEPS, TRAINING_WINDOW, best_eval, entropy_collapse, first_entropy,
-                                held_out_decline, keep_best_line, no_held_out_gain, stderr_of,
+                                held_out_decline, keep_best_line, no_held_out_gain, one_answer, stderr_of,
                                 training_reward_decline)
+from client.loop.evaluation import final_reply
 from client.loop.summary import Summary
+from protocol.trajectory import Trajectory
 from server.api.ui_routes import best_held_out
 
 pytestmark = pytest.mark.unit
@@ -118,6 +120,35 @@ def test_entropy_collapse_is_named_before_the_task_is_learned():
     assert entropy_collapse(first, 1, 0.13, 0.4) is None  # the first step itself
     assert entropy_collapse(None, 9, 0.13, 0.4) is None and entropy_collapse(first, 9, None, 0.4) is None
     assert entropy_collapse((1, 0.0), 9, 0.0, 0.4) is None  # no entropy to fall from
+
+
+def test_one_answer_to_most_held_out_tasks_scoring_below_its_share_is_named():
+    # count_primes in bench/results/learn-sweep.jsonl: "2" to nearly every range, right on a quarter of them
+    replies = ["2"] * 60 + ["3", "5", "1", "4"]
+    assert one_answer(replies, 0.25) == (
+        "60 of 64 held-out tasks got the same final reply, '2': the policy gives one answer whatever the question, "
+        "and its held-out reward (0.250) is how often that answer is right, not the task learned; the task may be "
+        "beyond the model as posed: an easier setting (--curriculum), demonstrations (--warm-start), or a tool "
+        "that computes what it cannot")
+    assert one_answer(["yes"] * 40 + ["no"] * 24, 0.95) is None  # mostly one answer, and learned: right past its share
+    assert one_answer([str(i % 20) for i in range(64)], 0.1) is None  # varied: no answer has half
+    assert one_answer(["2"] * 32 + [str(i) for i in range(32)], 0.2) is not None  # exactly half counts
+    assert one_answer([""] * 60 + ["2"] * 4, 0.0) is None  # no text (a tool call last) is not an answer
+    assert one_answer(["2"] * 7, 0.0) is None and one_answer(["2"] * 64, None) is None  # too few; nothing scored
+    long = one_answer(["The answer is " + "very " * 20 + "long"] * 10, 0.0)
+    assert "'The answer is very very very very ver...'" in long  # 37 characters and an ellipsis
+
+
+def test_the_final_reply_is_the_last_assistant_text_with_its_whitespace_collapsed():
+    said = Trajectory(messages_and_choices=[{"role": "user", "content": "How many legs?"},
+                                            {"role": "assistant", "content": " 12 \n legs "},
+                                            {"role": "user", "content": "Sure?"}])
+    assert final_reply(said) == "12 legs"
+    called = Trajectory(messages_and_choices=[{"role": "user", "content": "Legs of a cat?"}, {
+        "role": "assistant", "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "legs", "arguments": "{}"}}]}])
+    assert final_reply(called) == ""
+    assert final_reply(Trajectory(messages_and_choices=[{"role": "user", "content": "?"}])) == ""
 
 
 def test_the_first_entropy_is_the_first_trained_steps_and_survives_a_resume(tmp_path):
