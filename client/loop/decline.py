@@ -178,8 +178,8 @@ def entropy_collapse(first: tuple[int, float] | None, step: int, entropy: float 
 def one_answer(replies: list[str], reward: float | None) -> str | None:
     """A warning when one final reply (non-empty, as `final_reply` gives it) answers at least
     ONE_ANSWER_SHARE of the held-out tasks, and the held-out reward is below that share: the policy
-    gives one answer whatever the question, and its reward is how often that answer happens to be
-    right. A reward at or above the share is a task whose answers are mostly that one, learned. None
+    is collapsing onto one answer whatever the question, and its reward is mostly how often that
+    answer happens to be right. A reward at or above the share is a task whose answers are mostly that one, learned. None
     with fewer than ONE_ANSWER_TASKS replies or no reward."""
     said = [r for r in replies if r]
     if len(said) < ONE_ANSWER_TASKS or reward is None:
@@ -189,10 +189,11 @@ def one_answer(replies: list[str], reward: float | None) -> str | None:
     if share < ONE_ANSWER_SHARE or reward >= share:
         return None
     shown = answer if len(answer) <= 40 else answer[:37] + "..."
-    return (f"{count} of {len(replies)} held-out tasks got the same final reply, {shown!r}: the policy gives one "
-            f"answer whatever the question, and its held-out reward ({reward:.3f}) is how often that answer is "
-            f"right, not the task learned; the task may be beyond the model as posed: an easier setting "
-            f"(--curriculum), demonstrations (--warm-start), or a tool that computes what it cannot")
+    return (f"{count} of {len(replies)} held-out tasks got the same final reply, {shown!r}, and held-out reward "
+            f"({reward:.3f}) is below that share: the policy is collapsing onto one answer whatever the question, "
+            f"and its reward is mostly how often that answer is right, not the task learned; the task may be beyond "
+            f"the model as posed: an easier setting (--curriculum), demonstrations (--warm-start), or a tool that "
+            f"computes what it cannot")
 
 
 def keep_best_line(run: str, best: dict[str, Any], latest: dict[str, Any]) -> str:

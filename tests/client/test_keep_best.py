@@ -300,7 +300,7 @@ async def test_held_out_tasks_all_given_one_answer_are_named_on_the_evaluation_t
 
     assert [(e["step"], e["reward"]) for e in summary["evals"]] == [(0, 0.25), (2, 0.875)]
     at0 = lines.index("eval @ step 0: reward 0.250")
-    said = "warning: 8 of 8 held-out tasks got the same final reply, '12': the policy gives one answer whatever"
+    said = "warning: 8 of 8 held-out tasks got the same final reply, '12', and held-out reward (0.250) is below"
     assert lines[at0 + 2].startswith(f"  {said}"), lines[at0:at0 + 3]  # below the line saying what is measured
     assert summary["evals"][0]["warnings"] == [lines[at0 + 2].removeprefix("  warning: ")]
     assert not any("same final reply" in w for w in summary["evals"][1].get("warnings", []))

@@ -126,10 +126,10 @@ def test_one_answer_to_most_held_out_tasks_scoring_below_its_share_is_named():
     # count_primes in bench/results/learn-sweep.jsonl: "2" to nearly every range, right on a quarter of them
     replies = ["2"] * 60 + ["3", "5", "1", "4"]
     assert one_answer(replies, 0.25) == (
-        "60 of 64 held-out tasks got the same final reply, '2': the policy gives one answer whatever the question, "
-        "and its held-out reward (0.250) is how often that answer is right, not the task learned; the task may be "
-        "beyond the model as posed: an easier setting (--curriculum), demonstrations (--warm-start), or a tool "
-        "that computes what it cannot")
+        "60 of 64 held-out tasks got the same final reply, '2', and held-out reward (0.250) is below that share: "
+        "the policy is collapsing onto one answer whatever the question, and its reward is mostly how often that "
+        "answer is right, not the task learned; the task may be beyond the model as posed: an easier setting "
+        "(--curriculum), demonstrations (--warm-start), or a tool that computes what it cannot")
     assert one_answer(["yes"] * 40 + ["no"] * 24, 0.95) is None  # mostly one answer, and learned: right past its share
     assert one_answer([str(i % 20) for i in range(64)], 0.1) is None  # varied: no answer has half
     assert one_answer(["2"] * 32 + [str(i) for i in range(32)], 0.2) is not None  # exactly half counts
