@@ -1,7 +1,8 @@
 """--keep-best, against a real server on the embedded model: the run's bare name serves a pinned
 earlier step (`PUT /v1/runs/{name}/serving`), exactly as `name@N` does, across a restart, until the
 run trains its next step; and `client.train --keep-best` pins the best evaluated step of a run whose
-held-out reward fell, saying so on the evaluation line that saw the fall."""
+held-out reward fell, saying so on the evaluation line that saw the fall. The loop's other warnings
+(training reward falling, no gain, one answer to most held-out tasks) run on the same scripted runs."""
 
 from __future__ import annotations
 
