@@ -1,6 +1,6 @@
 """bench/tool_agent.py gives TRL the questions client.train trains artisan on, in the order it draws them,
-and artisan's training seconds as its budget, splits held-out success by the kinds of animal in a question, and keeps each held-out episode and
-TRL's training episodes."""
+and artisan's training seconds as its budget; it splits held-out success by the kinds of animal in a
+question, and keeps each held-out episode and TRL's training episodes."""
 
 from __future__ import annotations
 
