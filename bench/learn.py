@@ -37,8 +37,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -49,6 +50,7 @@ LORA_RANK, LORA_ALPHA = 8, 16.0  # artisan's LoraSettings defaults
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # every linear of a block
 ADAM_BETAS, ADAM_EPS, MAX_GRAD_NORM = (0.9, 0.99), 1e-8, 1.0  # server/runs/run.py, TrainConfig
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # TrainConfig's PPO clip
+MIN_SPREAD = 1e-6  # TrainConfig's min_group_reward_spread: a group within it trains nothing
 # At 4 prompts x 8 per step, the best of 1.3e-3 (art-server's default before it stopped extrapolating
 # the Llama fit), 4.9e-4 (its default now) and 2e-4 over 16 steps: the higher two collapse the
 # policy's entropy within 8-12 steps (figures in the README).
@@ -76,6 +78,9 @@ DIFFERENCES = {
     "prompt_order": "both take the training rows in order, prompts_per_step per step (TRL shuffle_dataset=False)",
     "step_with_no_signal": "a step whose every group has one reward: artisan does not step (nothing to train); "
                            "TRL steps AdamW on a zero gradient, which still moves the LoRA by its momentum",
+    "dynamic_sampling": "off by default; --dynamic-sampling N makes artisan set aside up to N groups a step whose "
+                        "rollouts all scored alike and sample the next questions in their place (TRL 1.16 has no "
+                        "such option), so artisan then samples more and trains on other questions than TRL",
     "precision": "both float32 on CPU (TRL bf16=False, gradient checkpointing off)",
     "per_step_work": "artisan also runs its health figures (a no-adapter forward of one micro-batch for KL to "
                      "base, entropy, LoRA update norm), writes a checkpoint and serves the new adapter, and the "
@@ -86,8 +91,61 @@ DIFFERENCES = {
 
 # ---- artisan ------------------------------------------------------------------------------------
 
-async def _artisan_eval(client, model: str, eval_rows, prompt: str, max_tokens: int) -> float:
-    return sum(await learn_task.greedy_scores(client, model, eval_rows, prompt, max_tokens)) / len(eval_rows)
+def train_size(a: argparse.Namespace) -> int:
+    """Training questions a run may draw: a step's, and with dynamic sampling those that replace the
+    groups set aside. The first steps x prompts are the same questions for both trainers."""
+    return a.steps * (a.prompts_per_step + getattr(a, "dynamic_sampling", 0))
+
+
+def held_out(replies: list[str], eval_rows) -> dict[str, Any]:
+    """One greedy evaluation: its accuracy, each question's reply (whitespace collapsed) and score, and
+    what the same replies score given to the other questions (`shuffled`), which is all a policy
+    whose reply does not depend on the question scores."""
+    scores = [learn_task.score(reply, row) for reply, row in zip(replies, eval_rows)]
+    replies = [" ".join(r.split()) for r in replies]
+    return {"accuracy": sum(scores) / len(scores), "replies": replies, "scores": scores,
+            "shuffled": shuffled(replies, eval_rows)}
+
+
+def shuffled(replies: list[str], rows) -> float:
+    """The mean score of every reply on every other question. Answering one thing to all scores its
+    accuracy here too, and so does a reply that reasoning-gym's scorer pays in part whatever the
+    question: it gives len(answer) / len(reply) to a reply that contains the answer, so leg_counting's
+    "10" earns 0.5 on every question whose answer is 0."""
+    counts = Counter(replies)
+    n = len(rows)
+    if n < 2:
+        return 0.0
+    total = sum(k * learn_task.score(reply, row) for reply, k in counts.items() for row in rows)
+    own = sum(learn_task.score(reply, row) for reply, row in zip(replies, rows))
+    return (total - own) / (n * (n - 1))
+
+
+def first_and_last(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evaluations a run's record keeps whole: before training and at its end."""
+    return {"base": evals[0], "final": evals[-1]}
+
+
+async def _artisan_eval(client, model: str, eval_rows, prompt: str, max_tokens: int) -> dict[str, Any]:
+    return held_out(await learn_task.greedy_replies(client, model, eval_rows, prompt, max_tokens), eval_rows)
+
+
+async def step_groups(sample, tasks: Iterator[Any], n: int, max_set_aside: int) -> tuple[list[Any], int]:
+    """A step's n groups, sampled n at a time. With dynamic sampling (DAPO's, client.train's
+    --dynamic-sampling), a group whose rollouts all scored alike trains nothing, so up to
+    `max_set_aside` of them are set aside and replaced by groups of the next questions; past that,
+    groups go in as they come. Returns the groups and how many were set aside."""
+    from client.loop.training_loop import scored_alike
+
+    kept: list[Any] = []
+    aside = 0
+    while len(kept) < n:
+        for group in await sample([next(tasks) for _ in range(n - len(kept))]):
+            if aside < max_set_aside and scored_alike(group, min_spread=MIN_SPREAD):
+                aside += 1
+            else:
+                kept.append(group)
+    return kept, aside
 
 
 async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows) -> dict[str, Any]:
@@ -98,39 +156,43 @@ async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows)
 
     example = learn_task.make_example(a.task, a.prompt)
     example.settings.temperature, example.settings.max_tokens = a.temperature, a.max_tokens
-    tasks = [Task(id=str(i), data={"row": r}) for i, r in enumerate(train_rows)]
+    tasks = iter([Task(id=str(i), data={"row": r}) for i, r in enumerate(train_rows)])
     model = await TrainableModel("learn", lora={"rank": LORA_RANK, "alpha": LORA_ALPHA, "target_modules": LORA_TARGETS,
                                                 "seed": getattr(a, "seed", 0)}).register(url)
     config = TrainConfig(learning_rate=a.lr, max_grad_norm=MAX_GRAD_NORM, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
-    curve, steps, trained_steps = [], [], 0
+    curve, steps, evals, trained_steps = [], [], [], 0
     train_seconds = 0.0
     async with model.openai_client(max_retries=0) as client:
-        curve.append([0.0, 0, await _artisan_eval(client, model.name, eval_rows, a.prompt, a.max_tokens)])
-        print(f"artisan step 0: held-out {curve[-1][2]:.3f}", file=sys.stderr, flush=True)
-        for step in range(1, a.steps + 1):
-            started = time.perf_counter()
-            batch = tasks[(step - 1) * a.prompts_per_step: step * a.prompts_per_step]
+        async def sample(batch):
             # Each rollout's sampling seeded from the run's seed, its question and its member: a seed's
             # rerun samples the same, and the sweep's seeds differ in sampling as TRL's do.
-            groups = await gather_trajectory_groups(
+            return await gather_trajectory_groups(
                 [[seeded(rollout(client, model.name, example.make_env(t), t, example.settings),
                          derive_seed(getattr(a, "seed", 0), t.data["row"]["question"], k)) for k in range(a.group_size)]
                  for t in batch], progress=False, concurrency=len(batch) * a.group_size)  # one batch, as TRL samples
+
+        evals.append(await _artisan_eval(client, model.name, eval_rows, a.prompt, a.max_tokens))
+        curve.append([0.0, 0, evals[-1]["accuracy"]])
+        print(f"artisan step 0: held-out {curve[-1][2]:.3f}", file=sys.stderr, flush=True)
+        for step in range(1, a.steps + 1):
+            started = time.perf_counter()
+            groups, aside = await step_groups(sample, tasks, a.prompts_per_step, getattr(a, "dynamic_sampling", 0))
             sampled = time.perf_counter()
             result = await model.train(groups, config)
             train_seconds += time.perf_counter() - started
             trained_steps += int(result.trained)
             rewards = [t.reward for g in groups for t in g.trajectories]
             steps.append({"step": step, "reward": sum(rewards) / len(rewards), "trained": result.trained,
-                          "logprob_gap": result.metrics.logprob_gap, "seconds": round(train_seconds, 2),
+                          "set_aside": aside, "logprob_gap": result.metrics.logprob_gap,
+                          "seconds": round(train_seconds, 2),
                           "split": step_split(sampled - started, time.perf_counter() - sampled, result.metrics)})
             print(f"artisan step {step}: reward {steps[-1]['reward']:.3f} trained {result.trained} "
-                  f"({train_seconds:.1f}s)", file=sys.stderr, flush=True)
+                  f"set aside {aside} ({train_seconds:.1f}s)", file=sys.stderr, flush=True)
             if step % a.eval_every == 0 or step == a.steps:
-                curve.append([round(train_seconds, 2), step,
-                              await _artisan_eval(client, model.name, eval_rows, a.prompt, a.max_tokens)])
+                evals.append(await _artisan_eval(client, model.name, eval_rows, a.prompt, a.max_tokens))
+                curve.append([round(train_seconds, 2), step, evals[-1]["accuracy"]])
                 print(f"artisan step {step}: held-out {curve[-1][2]:.3f}", file=sys.stderr, flush=True)
-    return {"curve": curve, "steps": steps, "trained_steps": trained_steps,
+    return {"curve": curve, "steps": steps, "trained_steps": trained_steps, "held_out": first_and_last(evals),
             "time_split": median_split([s["split"] for s in steps if s["trained"]])}
 
 
@@ -172,12 +234,12 @@ def run_artisan(a: argparse.Namespace, gguf: Path, cache: Path, train_rows, eval
 
 # ---- TRL ----------------------------------------------------------------------------------------
 
-def _greedy_eval(model, tokenizer, eval_rows, prompt: str, max_tokens: int, batch: int = 32) -> float:
+def _greedy_eval(model, tokenizer, eval_rows, prompt: str, max_tokens: int, batch: int = 32) -> dict[str, Any]:
     import torch
 
     was_training = model.training
     model.eval()
-    scores = []
+    replies = []
     tokenizer.padding_side = "left"
     for i in range(0, len(eval_rows), batch):
         rows = eval_rows[i:i + batch]
@@ -188,9 +250,9 @@ def _greedy_eval(model, tokenizer, eval_rows, prompt: str, max_tokens: int, batc
             out = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, top_k=None, top_p=None,
                                  temperature=None, pad_token_id=tokenizer.pad_token_id)
         for r, ids in zip(rows, out[:, enc["input_ids"].shape[1]:]):
-            scores.append(learn_task.score(tokenizer.decode(ids, skip_special_tokens=True), r))
+            replies.append(tokenizer.decode(ids, skip_special_tokens=True))
     model.train(was_training)
-    return sum(scores) / len(scores)
+    return held_out(replies, eval_rows)
 
 
 def _add_stop_tokens(generation_config, tokenizer, texts) -> None:
@@ -241,6 +303,7 @@ def run_trl(a: argparse.Namespace, model_dir: Path, train_rows, eval_rows, work:
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
 
     curve: list[list[float]] = []
+    evals: list[dict[str, Any]] = []
     clock = {"eval": 0.0, "t0": 0.0}
     step_seconds: dict[int, float] = {}
 
@@ -248,8 +311,8 @@ def run_trl(a: argparse.Namespace, model_dir: Path, train_rows, eval_rows, work:
         def _eval(self, step: int, model) -> None:
             t = time.perf_counter()
             seconds = t - clock["t0"] - clock["eval"]
-            curve.append([round(max(seconds, 0.0), 2) if step else 0.0, step,
-                          _greedy_eval(model, tokenizer, eval_rows, a.prompt, a.max_tokens)])
+            evals.append(_greedy_eval(model, tokenizer, eval_rows, a.prompt, a.max_tokens))
+            curve.append([round(max(seconds, 0.0), 2) if step else 0.0, step, evals[-1]["accuracy"]])
             clock["eval"] += time.perf_counter() - t
             print(f"trl step {step}: held-out {curve[-1][2]:.3f} ({seconds:.1f}s)", file=sys.stderr, flush=True)
 
@@ -269,7 +332,7 @@ def run_trl(a: argparse.Namespace, model_dir: Path, train_rows, eval_rows, work:
     trainer.train()
     steps = [{"step": h["step"], "reward": h.get("reward"), "seconds": step_seconds.get(h["step"])}
              for h in trainer.state.log_history if "reward" in h]
-    return {"curve": curve, "steps": steps, "setup_seconds": round(setup, 2)}
+    return {"curve": curve, "steps": steps, "held_out": first_and_last(evals), "setup_seconds": round(setup, 2)}
 
 
 # ---- report -------------------------------------------------------------------------------------
@@ -322,6 +385,9 @@ def add_run_options(ap: argparse.ArgumentParser, max_tokens_help: str | None = N
                     help="both trainers' (art-server's own default for SmolLM2 is 4.9e-4; see the README)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=8, help=max_tokens_help)
+    ap.add_argument("--dynamic-sampling", type=int, default=0,
+                    help="artisan only (TRL 1.16 has none): set aside up to N groups a step whose rollouts all "
+                         "scored alike, and sample the next questions in their place")
 
 
 def main() -> None:
@@ -345,12 +411,13 @@ def main() -> None:
 
     gguf = smollm2_gguf()
     model_dir = converted(gguf)  # the same float32 weights art-server dequantises and serves
-    train_rows = learn_task.rows(a.task, a.steps * a.prompts_per_step, learn_task.TRAIN_SEED)
+    train_rows = learn_task.rows(a.task, train_size(a), learn_task.TRAIN_SEED)
     eval_rows = learn_task.rows(a.task, a.eval_n, learn_task.EVAL_SEED)
     a.out.mkdir(parents=True, exist_ok=True)
 
     settings = {k: getattr(a, k) for k in ("task", "prompt", "steps", "eval_every", "eval_n", "group_size",
-                                            "prompts_per_step", "lr", "temperature", "max_tokens")}
+                                            "prompts_per_step", "lr", "temperature", "max_tokens",
+                                            "dynamic_sampling")}
     settings.update(model=gguf.name, lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, eval="greedy", kl=0.0,
                     options=learn_task.SETTINGS[a.task])
     result: dict[str, Any] = {"settings": settings}

@@ -12,8 +12,13 @@ done in parts (`--tasks`, `--trainers`, `--seeds` pick a part). The default resu
 bench/results/learn-sweep.jsonl, is committed, because a sweep outlives the machine it starts on;
 each line names the commit it ran on. At the end it reads every matching
 line back and prints one JSON line: per task and trainer, base and final held-out accuracy (mean
-and standard error over seeds), the rise, per-seed figures and the verdicts below; a PNG of the
-curves is written beside the results.
+and standard error over seeds), the rise, per-seed figures and the verdicts below, and per trainer a
+tally over the tasks; a PNG of the curves is written beside the results.
+
+A run keeps its first and last evaluations whole (each question's greedy reply and score), so that a
+rise is told from a collapse: `beyond_shuffled` is the accuracy less what the same replies score
+given to the other questions, which answering one thing to all, or a reply the scorer pays in part
+whatever the question, cannot raise. Runs from before the replies were kept have no such figure.
 
     python bench/learn.py --sweep                                  # 9 tasks x seeds 0 1 2 x both (hours)
     python bench/learn.py --sweep --quick --tasks leg_counting --seeds 0      # a smoke run
@@ -123,18 +128,52 @@ def no_better_than_constant(final_mean: float | None, share: float | None) -> bo
     return final_mean <= share + 1e-9
 
 
+def beyond_shuffled(held: dict[str, Any]) -> float:
+    """An evaluation's accuracy less what its replies score given to other questions (bench/learn.py's
+    `shuffled`): the part of it that depends on the question. The README's real-model command rose
+    0.071 -> 0.234 on leg_counting with 11 of its 17 rewarded answers "12"; a sweep run rose 0.039 ->
+    0.180 answering "10" to 28 of 64 questions, paid 0.5 on each whose answer is 0."""
+    return round(held["accuracy"] - held["shuffled"], 4)
+
+
+def top_reply(replies: Iterable[str]) -> dict[str, Any]:
+    """The final evaluation's most common reply and its share: near 1, the run answers one thing to all."""
+    top = constant_answer(replies)
+    return {"reply": top["answer"], "share": top["share"]}
+
+
 def trainer_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """One trainer's runs of one task (one entry per seed) summed up over seeds."""
-    seeds = {str(e["seed"]): {"base": e["base"], "final": e["final"], "rise": rise(e["base"], e["final"]),
-                              "seconds_per_step": e.get("seconds_per_step")}
-             for e in sorted(entries, key=lambda e: e["seed"])}
-    rises, final = mean_se(s["rise"] for s in seeds.values()), mean_se(s["final"] for s in seeds.values())
     # from any run that recorded it: the held-out questions are the same for every seed
     share = next((e["constant_answer"]["share"] for e in entries if e.get("constant_answer")), None)
+    seeds = {str(e["seed"]): {"base": e["base"], "final": e["final"], "rise": rise(e["base"], e["final"]),
+                              "rise_beyond_shuffled": (e.get("beyond_shuffled") or {}).get("rise"),
+                              "top_reply": e.get("top_reply"), "seconds_per_step": e.get("seconds_per_step")}
+             for e in sorted(entries, key=lambda e: e["seed"])}
+    rises, final = mean_se(s["rise"] for s in seeds.values()), mean_se(s["final"] for s in seeds.values())
+    beyond = [s["rise_beyond_shuffled"] for s in seeds.values()]
+    beyond_mean = mean_se(beyond) if None not in beyond else mean_se([])  # every seed's, or none: runs kept no replies
     return {"base": mean_se(s["base"] for s in seeds.values()), "final": final,
             "rise": rises, "ends_below_base": ends_below_base(rises["mean"]),
             f"rises_by_{RISE_THRESHOLD:.2f}": rises_by(rises["mean"]),
-            "no_better_than_constant_answer": no_better_than_constant(final["mean"], share), "seeds": seeds}
+            "no_better_than_constant_answer": no_better_than_constant(final["mean"], share),
+            "rise_beyond_shuffled": beyond_mean,
+            f"rises_by_{RISE_THRESHOLD:.2f}_beyond_shuffled":
+                None if beyond_mean["mean"] is None else rises_by(beyond_mean["mean"]),
+            "seeds": seeds}
+
+
+def tally(tasks: dict[str, Any], trainer: str = "artisan") -> dict[str, Any]:
+    """The sweep's verdict over tasks for one trainer: which end below their base, which rise by the
+    threshold, and which rise by it beyond what their replies score given to other questions (not
+    known for runs that kept no replies)."""
+    ran = {t: s[trainer] for t, s in tasks.items() if trainer in s}
+    rises, beyond = f"rises_by_{RISE_THRESHOLD:.2f}", f"rises_by_{RISE_THRESHOLD:.2f}_beyond_shuffled"
+    return {"tasks": len(ran),
+            "ends_below_base": [t for t, s in ran.items() if s["ends_below_base"]],
+            rises: [t for t, s in ran.items() if s[rises]],
+            beyond: [t for t, s in ran.items() if s[beyond]],
+            "beyond_shuffled_unknown": [t for t, s in ran.items() if s[beyond] is None]}
 
 
 def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -188,12 +227,13 @@ def run_key(model: str, config: dict[str, Any], task: str, seed: int, trainer: s
     return json.dumps([model, config, task, seed, trainer], sort_keys=True)
 
 
-def pending(done: set[str], model: str, configs: dict[str, dict[str, Any]], seeds: list[int],
-            trainers: list[str]) -> list[tuple[str, int, str]]:
+def pending(done: set[str], model: str, configs: dict[tuple[str, str], dict[str, Any]],
+            seeds: list[int]) -> list[tuple[str, int, str]]:
     """The (task, seed, trainer) runs the results file does not hold yet, in sweep order; `configs`
-    is each task's settings."""
-    return [(t, s, tr) for t, config in configs.items() for s in seeds for tr in trainers
-            if run_key(model, config, t, s, tr) not in done]
+    is each (task, trainer)'s settings."""
+    tasks, trainers = dict.fromkeys(t for t, _ in configs), dict.fromkeys(tr for _, tr in configs)
+    return [(t, s, tr) for t in tasks for s in seeds for tr in trainers
+            if run_key(model, configs[t, tr], t, s, tr) not in done]
 
 
 # ---- running ------------------------------------------------------------------------------------
@@ -204,11 +244,15 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _config(a: argparse.Namespace, task: str) -> dict[str, Any]:
-    """The settings a run's figures depend on: a rerun with other settings is another run."""
-    return {"prompt": a.prompt, "steps": a.steps, "eval_every": a.eval_every, "eval_n": a.eval_n,
-            "group_size": a.group_size, "prompts_per_step": a.prompts_per_step, "lr": a.lr,
-            "temperature": a.temperature, "max_tokens": MAX_TOKENS.get(task, a.max_tokens)}
+def _config(a: argparse.Namespace, task: str, trainer: str = "artisan") -> dict[str, Any]:
+    """The settings a run's figures depend on: a rerun with other settings is another run. Dynamic
+    sampling is artisan's alone, so TRL's runs beside it are those without it."""
+    config = {"prompt": a.prompt, "steps": a.steps, "eval_every": a.eval_every, "eval_n": a.eval_n,
+              "group_size": a.group_size, "prompts_per_step": a.prompts_per_step, "lr": a.lr,
+              "temperature": a.temperature, "max_tokens": MAX_TOKENS.get(task, a.max_tokens)}
+    if trainer == "artisan" and a.dynamic_sampling:
+        config["dynamic_sampling"] = a.dynamic_sampling  # absent when off: the runs from before it keep their key
+    return config
 
 
 def _commit() -> str | None:
@@ -226,21 +270,24 @@ def _commit() -> str | None:
 def run_one(a: argparse.Namespace, served: Served, task: str, seed: int, trainer: str) -> dict[str, Any]:
     from tests.real_models import CACHE, converted
 
-    config, commit = _config(a, task), _commit()  # the checkout the run starts from (its server loads it)
+    config, commit = _config(a, task, trainer), _commit()  # the checkout the run starts from (its server loads it)
     run = argparse.Namespace(**config, task=task, seed=seed, chat_template=served.chat_template,
                              stop_tokens=served.stop_tokens)
-    train_rows = learn_task.rows(task, a.steps * a.prompts_per_step, learn_task.TRAIN_SEED + seed)
+    train_rows = learn_task.rows(task, learn.train_size(a), learn_task.TRAIN_SEED + seed)
     eval_rows = learn_task.rows(task, a.eval_n, learn_task.EVAL_SEED)
     with tempfile.TemporaryDirectory(prefix="bench-learn-sweep-") as scratch:
         if trainer == "artisan":
             out = learn.run_artisan(run, served.gguf, CACHE, train_rows, eval_rows, Path(scratch))
         else:
             out = learn.run_trl(run, converted(served.gguf), train_rows, eval_rows, Path(scratch))
-    curve = out["curve"]
+    curve, held = out["curve"], out["held_out"]
+    base_beyond, final_beyond = beyond_shuffled(held["base"]), beyond_shuffled(held["final"])
     return {"model": a.model, "config": config, "task": task, "seed": seed, "trainer": trainer, "commit": commit,
             "base": curve[0][2], "final": curve[-1][2], "seconds_per_step": round(curve[-1][0] / a.steps, 2),
             "constant_answer": constant_answer(r["answer"] for r in eval_rows),
-            "curve": curve, "setup_seconds": out["setup_seconds"], "steps": out["steps"],
+            "top_reply": top_reply(held["final"]["replies"]),
+            "beyond_shuffled": {"base": base_beyond, "final": final_beyond, "rise": rise(base_beyond, final_beyond)},
+            "held_out": held, "curve": curve, "setup_seconds": out["setup_seconds"], "steps": out["steps"],
             "time_split": out.get("time_split")}
 
 
@@ -292,8 +339,8 @@ def main(argv: list[str] | None = None) -> None:
 
     served = _models()[a.model]()
     done = {run_key(e["model"], e["config"], e["task"], e["seed"], e["trainer"]) for e in read_results(a.results)}
-    configs = {t: _config(a, t) for t in a.tasks}
-    todo = pending(done, a.model, configs, a.seeds, a.trainers)
+    configs = {(t, tr): _config(a, t, tr) for t in a.tasks for tr in a.trainers}
+    todo = pending(done, a.model, configs, a.seeds)
     print(f"sweep: {len(todo)} runs to do, {len(a.tasks) * len(a.seeds) * len(a.trainers) - len(todo)} already in "
           f"{a.results}", file=sys.stderr, flush=True)
     for task, seed, trainer in todo:
@@ -302,15 +349,17 @@ def main(argv: list[str] | None = None) -> None:
         with a.results.open("a") as f:
             f.write(json.dumps(entry) + "\n")
 
-    wanted = {run_key(a.model, configs[t], t, s, tr) for t in a.tasks for s in a.seeds for tr in a.trainers}
+    wanted = {run_key(a.model, configs[t, tr], t, s, tr) for t in a.tasks for s in a.seeds for tr in a.trainers}
     entries = [e for e in read_results(a.results)
                if run_key(e["model"], e["config"], e["task"], e["seed"], e["trainer"]) in wanted]
     png = a.results.with_suffix(".png")
+    dynamic = f", artisan's dynamic sampling {a.dynamic_sampling}" if a.dynamic_sampling else ""
     plot(entries, png, f"{a.model} GRPO, {a.steps} steps of {a.prompts_per_step}x{a.group_size}, lr {a.lr:.3g}, "
-                       f"T {a.temperature}\nmean over seeds (band: 1 SE), each seed faint")
+                       f"T {a.temperature}{dynamic}\nmean over seeds (band: 1 SE), each seed faint")
     print(json.dumps({"model": a.model, "settings": _config(a, a.tasks[0]) | {"max_tokens": a.max_tokens},
                       "max_tokens_per_task": {t: MAX_TOKENS[t] for t in a.tasks if t in MAX_TOKENS},
-                      "seeds": a.seeds, "noise_z": NOISE_Z, "tasks": summarize(entries),
+                      "seeds": a.seeds, "noise_z": NOISE_Z, "tasks": (tasks := summarize(entries)),
+                      "tally": {t: tally(tasks, t) for t in TRAINERS},
                       "time_to_trl_final": time_ratios(entries),
                       "results": str(a.results), "plot": str(png)}))
 

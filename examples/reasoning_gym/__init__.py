@@ -135,18 +135,25 @@ def _drawn(task: str, question: str) -> list[dict[str, Any]]:
 score = score_reply
 
 
-async def greedy_scores(client: Any, model: str, rows: list[dict[str, Any]], prompt: str, max_tokens: int,
-                        concurrency: int = 32) -> list[float]:
-    """Each row's score for `model`'s greedy answer, through an AsyncOpenAI client (the benches' held-out measure)."""
+async def greedy_replies(client: Any, model: str, rows: list[dict[str, Any]], prompt: str, max_tokens: int,
+                         concurrency: int = 32) -> list[str]:
+    """`model`'s greedy reply to each row, through an AsyncOpenAI client (the benches' held-out measure)."""
     limit = asyncio.Semaphore(concurrency)
 
-    async def one(row: dict[str, Any]) -> float:
+    async def one(row: dict[str, Any]) -> str:
         async with limit:
             r = await client.chat.completions.create(model=model, messages=messages(row, prompt),
                                                      temperature=0.0, max_tokens=max_tokens)
-        return score(r.choices[0].message.content, row)
+        return r.choices[0].message.content or ""
 
     return list(await asyncio.gather(*(one(r) for r in rows)))
+
+
+async def greedy_scores(client: Any, model: str, rows: list[dict[str, Any]], prompt: str, max_tokens: int,
+                        concurrency: int = 32) -> list[float]:
+    """Each row's score for `model`'s greedy reply."""
+    replies = await greedy_replies(client, model, rows, prompt, max_tokens, concurrency)
+    return [score(reply, row) for reply, row in zip(replies, rows)]
 
 
 class ReasoningGymEnv(Environment):

@@ -146,7 +146,8 @@ def test_summary_per_task_and_trainer_over_seeds():
     assert art["final"]["mean"] == pytest.approx(0.35) and art["rise"]["mean"] == pytest.approx(0.25)
     assert art["rises_by_0.10"] and not art["ends_below_base"]
     assert trl["ends_below_base"] and not trl["rises_by_0.10"]  # 0.05 on average: below its 0.1 start
-    assert art["seeds"]["1"] == {"base": 0.1, "final": 0.4, "rise": pytest.approx(0.3), "seconds_per_step": 1.0}
+    assert art["seeds"]["1"] == {"base": 0.1, "final": 0.4, "rise": pytest.approx(0.3), "seconds_per_step": 1.0,
+                                 "rise_beyond_shuffled": None, "top_reply": None}
     assert out["artisan_at_least_trl_within_noise"] is True
     assert "artisan_at_least_trl_within_noise" not in sweep.summarize(entries[:3])["leg_counting"]  # one trainer
 
@@ -200,6 +201,74 @@ def test_a_rise_to_the_constant_answers_accuracy_is_named_as_no_evidence():
     assert sweep.no_better_than_constant(0.75, 0.7031) is False and sweep.no_better_than_constant(0.5, None) is None
 
 
+def test_a_rise_that_does_not_depend_on_the_question_is_told_from_learning():
+    """A policy answering one thing to all scores its accuracy on shuffled replies too; so does a
+    reply the scorer pays in part whatever the question (leg_counting's "10", 0.5 wherever the answer is 0)."""
+    learn = _load("learn")
+    rows = learn_task.rows("leg_counting", 64, learn_task.EVAL_SEED)
+    collapsed = learn.held_out(["12"] * 64, rows)
+    assert collapsed["accuracy"] > 0.2 and collapsed["shuffled"] == pytest.approx(collapsed["accuracy"], abs=0.02)
+    partial = learn.held_out(["10"] * 64, rows)
+    assert partial["accuracy"] > sum(str(r["answer"]) == "10" for r in rows) / 64  # the half credits on "0"
+    assert partial["shuffled"] == pytest.approx(partial["accuracy"], abs=0.02)
+    right = learn.held_out([str(r["answer"]) for r in rows], rows)
+    assert right["accuracy"] == 1.0 and right["shuffled"] < 0.3
+    sweep = _load("learn_sweep")
+    assert sweep.beyond_shuffled(collapsed) < 0.02 and sweep.beyond_shuffled(right) > 0.7
+
+    def run(task, seed, final, beyond):
+        return {**_entry(task, "artisan", seed, 0.04, final),
+                "beyond_shuffled": {"base": 0.03, "final": 0.03 + beyond, "rise": beyond}}
+
+    tasks = sweep.summarize([run("leg_counting", s, 0.266, 0.01) for s in range(3)] +
+                            [run("chain_sum", s, 0.45, 0.3) for s in range(3)] +
+                            [_entry("products", "artisan", s, 0.1, 0.25) for s in range(2)] +  # kept no replies
+                            [run("products", 2, 0.25, 0.2)])
+    legs = tasks["leg_counting"]["artisan"]
+    assert legs["rises_by_0.10"] and legs["rises_by_0.10_beyond_shuffled"] is False
+    assert legs["rise_beyond_shuffled"] == {"mean": 0.01, "se": 0.0, "n": 3}
+    assert tasks["chain_sum"]["artisan"]["rises_by_0.10_beyond_shuffled"] is True
+    assert tasks["products"]["artisan"]["rises_by_0.10_beyond_shuffled"] is None  # not every seed's replies
+    tally = sweep.tally(tasks, "artisan")
+    assert tally["rises_by_0.10"] == ["leg_counting", "chain_sum", "products"]
+    assert tally["rises_by_0.10_beyond_shuffled"] == ["chain_sum"] and tally["beyond_shuffled_unknown"] == ["products"]
+    assert tally["tasks"] == 3 and tally["ends_below_base"] == [] and sweep.tally(tasks, "trl")["tasks"] == 0
+    assert sweep.top_reply(["12"] * 3 + ["4"]) == {"reply": "12", "share": 0.75}
+
+
+def test_an_evaluation_keeps_each_questions_reply_and_score():
+    learn = _load("learn")
+    rows = learn_task.rows("leg_counting", 2, learn_task.EVAL_SEED)
+    out = learn.held_out([f"  {rows[0]['answer']} \n", "no idea"], rows)
+    assert out == {"accuracy": 0.5, "replies": [str(rows[0]["answer"]), "no idea"], "scores": [1.0, 0.0],
+                   "shuffled": learn.shuffled([str(rows[0]["answer"]), "no idea"], rows)}
+    assert learn.first_and_last([{"a": 0}, {"a": 1}, {"a": 2}]) == {"base": {"a": 0}, "final": {"a": 2}}
+
+
+async def test_dynamic_sampling_replaces_groups_that_scored_alike_up_to_its_budget():
+    """bench/learn.py --dynamic-sampling N: artisan's step sets aside groups with no signal and samples
+    the next questions in their place, N at most; past that, groups go in as they come."""
+    from protocol.trajectory import Trajectory, TrajectoryGroup
+
+    learn = _load("learn")
+    rewards = {0: [0, 0], 1: [1, 0], 2: [1, 1], 3: [0, 0], 4: [0, 1], 5: [0, 0], 6: [1, 0]}
+    drawn: list[list[int]] = []
+
+    async def sample(batch):
+        drawn.append(batch)
+        return [TrajectoryGroup(trajectories=[Trajectory(reward=r) for r in rewards[q]], metadata={"q": q})
+                for q in batch]
+
+    groups, aside = await learn.step_groups(sample, iter(range(7)), 2, max_set_aside=2)
+    # 0 and 2 set aside (2 all solved), and 3, alike too, goes in: the budget is spent
+    assert [g.metadata["q"] for g in groups] == [1, 3] and aside == 2 and drawn == [[0, 1], [2], [3]]
+    drawn.clear()
+    groups, aside = await learn.step_groups(sample, iter(range(7)), 2, max_set_aside=0)  # off: as they come
+    assert [g.metadata["q"] for g in groups] == [0, 1] and aside == 0 and drawn == [[0, 1]]
+    groups, aside = await learn.step_groups(sample, iter(range(7)), 3, max_set_aside=1)
+    assert [g.metadata["q"] for g in groups] == [1, 2, 3] and aside == 1
+
+
 def test_mean_curve_averages_the_seeds_at_each_step():
     sweep = _load("learn_sweep")
     curve = sweep.mean_curve([[[0.0, 0, 0.1], [5.0, 4, 0.3]], [[0.0, 0, 0.1], [6.0, 4, 0.5]]])
@@ -209,11 +278,11 @@ def test_mean_curve_averages_the_seeds_at_each_step():
 
 def test_a_rerun_skips_the_runs_the_results_file_holds():
     sweep = _load("learn_sweep")
-    configs = {"leg_counting": {"steps": 16}, "syllogism": {"steps": 16}}
+    configs = {(t, tr): {"steps": 16} for t in ("leg_counting", "syllogism") for tr in ("artisan", "trl")}
     done = {sweep.run_key("smollm2", {"steps": 16}, "leg_counting", 0, "artisan"),
             sweep.run_key("smollm2", {"steps": 2}, "leg_counting", 1, "artisan"),  # other settings: not this run
             sweep.run_key("gemma3", {"steps": 16}, "syllogism", 0, "trl")}  # another model
-    assert sweep.pending(done, "smollm2", configs, [0, 1], ["artisan", "trl"]) == [
+    assert sweep.pending(done, "smollm2", configs, [0, 1]) == [
         ("leg_counting", 0, "trl"), ("leg_counting", 1, "artisan"), ("leg_counting", 1, "trl"),
         ("syllogism", 0, "artisan"), ("syllogism", 0, "trl"), ("syllogism", 1, "artisan"), ("syllogism", 1, "trl")]
 
@@ -232,6 +301,10 @@ def test_the_committed_sweep_results_hold_each_run_once_whole_and_with_its_commi
         assert e["commit"] and e["trainer"] in sweep.TRAINERS
         assert e["curve"][0][1] == 0 and e["curve"][-1][1] == e["config"]["steps"]
         assert (e["base"], e["final"]) == (e["curve"][0][2], e["curve"][-1][2])
+        if "held_out" in e:  # the replies are those of the evaluations the line's figures are
+            held = e["held_out"]
+            assert (held["base"]["accuracy"], held["final"]["accuracy"]) == (e["base"], e["final"])
+            assert len(held["final"]["replies"]) == len(held["final"]["scores"]) == e["config"]["eval_n"]
     assert set(sweep.summarize(entries)) == {e["task"] for e in entries}
 
 
