@@ -121,6 +121,14 @@ def shuffled(replies: list[str], rows) -> float:
     return (total - own) / (n * (n - 1))
 
 
+def beyond_shuffled(held: dict[str, Any]) -> float:
+    """An evaluation's accuracy less what its replies score given to other questions (`shuffled`):
+    the part of it that depends on the question. The README's real-model command rose 0.071 ->
+    0.234 on leg_counting with 11 of its 17 rewarded answers "12"; a sweep run rose 0.039 -> 0.180
+    answering "10" to 28 of 64 questions, paid 0.5 on each whose answer is 0."""
+    return round(held["accuracy"] - held["shuffled"], 4)
+
+
 def first_and_last(evals: list[dict[str, Any]]) -> dict[str, Any]:
     """The evaluations a run's record keeps whole: before training and at its end."""
     return {"base": evals[0], "final": evals[-1]}
@@ -427,6 +435,10 @@ def main() -> None:
             result["artisan"] = run_artisan(a, gguf, CACHE, train_rows, eval_rows, work)
         if a.only in (None, "trl"):
             result["trl"] = run_trl(a, model_dir, train_rows, eval_rows, work)
+    for name in ("artisan", "trl"):
+        if name in result:
+            held = result[name]["held_out"]
+            result[name]["beyond_shuffled"] = {k: beyond_shuffled(held[k]) for k in ("base", "final")}
     if "artisan" in result and "trl" in result:
         result.update(compare(result["artisan"]["curve"], result["trl"]["curve"]))
     result["differences"] = DIFFERENCES

@@ -128,14 +128,6 @@ def no_better_than_constant(final_mean: float | None, share: float | None) -> bo
     return final_mean <= share + 1e-9
 
 
-def beyond_shuffled(held: dict[str, Any]) -> float:
-    """An evaluation's accuracy less what its replies score given to other questions (bench/learn.py's
-    `shuffled`): the part of it that depends on the question. The README's real-model command rose
-    0.071 -> 0.234 on leg_counting with 11 of its 17 rewarded answers "12"; a sweep run rose 0.039 ->
-    0.180 answering "10" to 28 of 64 questions, paid 0.5 on each whose answer is 0."""
-    return round(held["accuracy"] - held["shuffled"], 4)
-
-
 def top_reply(replies: Iterable[str]) -> dict[str, Any]:
     """The final evaluation's most common reply and its share: near 1, the run answers one thing to all."""
     top = constant_answer(replies)
@@ -281,7 +273,7 @@ def run_one(a: argparse.Namespace, served: Served, task: str, seed: int, trainer
         else:
             out = learn.run_trl(run, converted(served.gguf), train_rows, eval_rows, Path(scratch))
     curve, held = out["curve"], out["held_out"]
-    base_beyond, final_beyond = beyond_shuffled(held["base"]), beyond_shuffled(held["final"])
+    base_beyond, final_beyond = learn.beyond_shuffled(held["base"]), learn.beyond_shuffled(held["final"])
     return {"model": a.model, "config": config, "task": task, "seed": seed, "trainer": trainer, "commit": commit,
             "base": curve[0][2], "final": curve[-1][2], "seconds_per_step": round(curve[-1][0] / a.steps, 2),
             "constant_answer": constant_answer(r["answer"] for r in eval_rows),

@@ -214,7 +214,7 @@ def test_a_rise_that_does_not_depend_on_the_question_is_told_from_learning():
     right = learn.held_out([str(r["answer"]) for r in rows], rows)
     assert right["accuracy"] == 1.0 and right["shuffled"] < 0.3
     sweep = _load("learn_sweep")
-    assert sweep.beyond_shuffled(collapsed) < 0.02 and sweep.beyond_shuffled(right) > 0.7
+    assert learn.beyond_shuffled(collapsed) < 0.02 and learn.beyond_shuffled(right) > 0.7
 
     def run(task, seed, final, beyond):
         return {**_entry(task, "artisan", seed, 0.04, final),
