@@ -162,7 +162,7 @@ async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows)
     from rollouts.env import Task
     from rollouts.seeding import derive_seed, seeded
 
-    example = learn_task.make_example(a.task, a.prompt)
+    example = learn_task.make_example(a.task, a.prompt, reward=getattr(a, "reward", "score_answer"))
     example.settings.temperature, example.settings.max_tokens = a.temperature, a.max_tokens
     tasks = iter([Task(id=str(i), data={"row": r}) for i, r in enumerate(train_rows)])
     model = await TrainableModel("learn", lora={"rank": LORA_RANK, "alpha": LORA_ALPHA, "target_modules": LORA_TARGETS,
@@ -296,8 +296,10 @@ def run_trl(a: argparse.Namespace, model_dir: Path, train_rows, eval_rows, work:
     dataset = Dataset.from_list([{"prompt": learn_task.messages(r, a.prompt), "row": i}
                                  for i, r in enumerate(train_rows[:used])])
 
+    scorer = learn_task.REWARDS[getattr(a, "reward", "score_answer")]
+
     def reward(prompts, completions, row, **_):
-        return [learn_task.score(c[-1]["content"], train_rows[i]) for c, i in zip(completions, row)]
+        return [scorer(c[-1]["content"], train_rows[i]) for c, i in zip(completions, row)]
 
     config = GRPOConfig(
         output_dir=str(work / "trl"), use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
@@ -393,6 +395,9 @@ def add_run_options(ap: argparse.ArgumentParser, max_tokens_help: str | None = N
                     help="both trainers' (art-server's own default for SmolLM2 is 4.9e-4; see the README)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=8, help=max_tokens_help)
+    ap.add_argument("--reward", default="score_answer", choices=sorted(learn_task.REWARDS),
+                    help="both trainers' training reward: reasoning-gym's score_answer, or its full credit alone "
+                         "(exact); held-out accuracy is score_answer's either way")
     ap.add_argument("--dynamic-sampling", type=int, default=0,
                     help="artisan only (TRL 1.16 has none): set aside up to N groups a step whose rollouts all "
                          "scored alike, and sample the next questions in their place")
@@ -425,7 +430,7 @@ def main() -> None:
 
     settings = {k: getattr(a, k) for k in ("task", "prompt", "steps", "eval_every", "eval_n", "group_size",
                                             "prompts_per_step", "lr", "temperature", "max_tokens",
-                                            "dynamic_sampling")}
+                                            "reward", "dynamic_sampling")}
     settings.update(model=gguf.name, lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA, eval="greedy", kl=0.0,
                     options=learn_task.SETTINGS[a.task])
     result: dict[str, Any] = {"settings": settings}

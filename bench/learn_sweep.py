@@ -242,6 +242,8 @@ def _config(a: argparse.Namespace, task: str, trainer: str = "artisan") -> dict[
     config = {"prompt": a.prompt, "steps": a.steps, "eval_every": a.eval_every, "eval_n": a.eval_n,
               "group_size": a.group_size, "prompts_per_step": a.prompts_per_step, "lr": a.lr,
               "temperature": a.temperature, "max_tokens": MAX_TOKENS.get(task, a.max_tokens)}
+    if a.reward != "score_answer":
+        config["reward"] = a.reward  # absent when the default, as below
     if trainer == "artisan" and a.dynamic_sampling:
         config["dynamic_sampling"] = a.dynamic_sampling  # absent when off: the runs from before it keep their key
     return config

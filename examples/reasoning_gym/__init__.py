@@ -25,11 +25,11 @@ import hashlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Literal
 
 import reasoning_gym
 
-from rewards.reasoning_gym import score_reply
+from rewards.reasoning_gym import exact_reply, score_reply
 from rollouts.env import Environment, Example, RolloutSettings, Score, Task, ToolError
 
 # Easy settings of reasoning-gym datasets; bench/learn_base_rates.py measures SmolLM2 on each.
@@ -133,6 +133,8 @@ def _drawn(task: str, question: str) -> list[dict[str, Any]]:
 
 
 score = score_reply
+# What a rollout is rewarded with: reasoning-gym's score_answer as it is, or its full credit alone.
+REWARDS: dict[str, Callable[[str | None, dict[str, Any]], float]] = {"score_answer": score_reply, "exact": exact_reply}
 
 
 async def greedy_replies(client: Any, model: str, rows: list[dict[str, Any]], prompt: str, max_tokens: int,
@@ -159,8 +161,8 @@ async def greedy_scores(client: Any, model: str, rows: list[dict[str, Any]], pro
 class ReasoningGymEnv(Environment):
     """One question; the first answer ends the episode."""
 
-    def __init__(self, row: dict[str, Any], prompt: str):
-        self.row, self.prompt = row, prompt
+    def __init__(self, row: dict[str, Any], prompt: str, reward: str = "score_answer"):
+        self.row, self.prompt, self.reward = row, prompt, REWARDS[reward]
 
     def initial_messages(self):
         return messages(self.row, self.prompt)
@@ -169,7 +171,7 @@ class ReasoningGymEnv(Environment):
         raise ToolError("this task has no tools")
 
     async def score(self, history) -> Score:
-        return Score(reward=score_reply(history[-1].get("content"), self.row))
+        return Score(reward=self.reward(history[-1].get("content"), self.row))
 
 
 @dataclass
@@ -178,6 +180,7 @@ class ReasoningGymExample(Example):
     prompt: str = PROMPT
     n_train: int = 1024
     n_eval: int = 64
+    reward: str = "score_answer"
 
     def levels(self) -> int:
         return len(LEVELS.get(self.task, [None]))
@@ -193,15 +196,16 @@ class ReasoningGymExample(Example):
                 for i, r in enumerate(self._rows(self.n_eval, EVAL_SEED))]
 
     def make_env(self, task: Task) -> Environment:
-        return ReasoningGymEnv(task.data["row"], self.prompt)
+        return ReasoningGymEnv(task.data["row"], self.prompt, self.reward)
 
     def _rows(self, size: int, seed: int) -> list[dict[str, Any]]:
         return rows(self.task, size, seed, self.level)
 
 
-def make_example(task: str = TASK, prompt: str = PROMPT, **kwargs: Any) -> ReasoningGymExample:
+def make_example(task: str = TASK, prompt: str = PROMPT, reward: Literal["score_answer", "exact"] = "score_answer",
+                 **kwargs: Any) -> ReasoningGymExample:
     if task not in SETTINGS:
         raise ValueError(f"reasoning-gym task {task!r}: the tasks with settings here are {', '.join(sorted(SETTINGS))}")
     # Bare answers are a few tokens; 8 leaves room for a sentence the reward then scores 0.
-    return ReasoningGymExample(name=f"reasoning-gym-{task}", task=task, prompt=prompt,
+    return ReasoningGymExample(name=f"reasoning-gym-{task}", task=task, prompt=prompt, reward=reward,
                                settings=RolloutSettings(max_turns=1, max_tokens=8, temperature=1.0), **kwargs)

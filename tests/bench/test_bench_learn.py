@@ -75,6 +75,26 @@ def test_the_reward_is_reasoning_gyms_score_of_the_bare_or_tagged_answer():
     assert learn_task.score(None, row) == 0.0
 
 
+async def test_the_exact_reward_pays_full_credit_alone():
+    """score_answer's default pays a reply that contains the answer in part: "10" gets 0.5 where the
+    answer is 0. `--reward exact` (client.train's example option, and the bench's) pays 1 or 0."""
+    from client.errors import ConfigError
+    from client.loop.examples import load_example
+    from rewards.reasoning_gym import exact_reply
+    from rollouts.env import Task
+
+    [row] = [r for r in learn_task.rows("leg_counting", 64, learn_task.EVAL_SEED) if r["answer"] == "0"][:1]
+    assert learn_task.score("10", row) == 0.5 and exact_reply("10", row) == 0.0
+    assert exact_reply("0", row) == exact_reply("<answer>0</answer>", row) == 1.0 and exact_reply(None, row) == 0.0
+    task = Task(id="t", data={"row": row})
+    reply = [{"role": "assistant", "content": "10"}]
+    plain, exact = load_example("reasoning_gym", task="leg_counting"), load_example("reasoning_gym", reward="exact")
+    assert (await plain.make_env(task).score(reply)).reward == 0.5
+    assert (await exact.make_env(task).score(reply)).reward == 0.0
+    with pytest.raises(ConfigError, match="--reward 'partial'"):
+        load_example("reasoning_gym", reward="partial")
+
+
 def test_trl_stops_at_the_tokens_art_server_is_told_to_stop_at(tmp_path):
     """A base model's sweep gives art-server `--stop-token '\\n'`; TRL gets the same ids as EOS ids
     of its generation config, which GRPOTrainer stops its samples at and masks after."""
