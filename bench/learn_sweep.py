@@ -23,6 +23,8 @@ whatever the question, cannot raise. Runs from before the replies were kept have
     python bench/learn.py --sweep                                  # 9 tasks x seeds 0 1 2 x both (hours)
     python bench/learn.py --sweep --quick --tasks leg_counting --seeds 0      # a smoke run
     python bench/learn.py --sweep --model gemma3 --tasks leg_counting count_primes
+    python bench/learn.py --sweep --trainers artisan --tasks basic_arithmetic --dynamic-sampling 8
+        # a variant of artisan's recipe, summed up beside TRL's runs without it
 """
 
 from __future__ import annotations
@@ -136,13 +138,13 @@ def top_reply(replies: Iterable[str]) -> dict[str, Any]:
 
 def trainer_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """One trainer's runs of one task (one entry per seed) summed up over seeds."""
-    # from any run that recorded it: the held-out questions are the same for every seed
-    share = next((e["constant_answer"]["share"] for e in entries if e.get("constant_answer")), None)
     seeds = {str(e["seed"]): {"base": e["base"], "final": e["final"], "rise": rise(e["base"], e["final"]),
                               "rise_beyond_shuffled": (e.get("beyond_shuffled") or {}).get("rise"),
                               "top_reply": e.get("top_reply"), "seconds_per_step": e.get("seconds_per_step")}
              for e in sorted(entries, key=lambda e: e["seed"])}
     rises, final = mean_se(s["rise"] for s in seeds.values()), mean_se(s["final"] for s in seeds.values())
+    # from any run that recorded it: the held-out questions are the same for every seed
+    share = next((e["constant_answer"]["share"] for e in entries if e.get("constant_answer")), None)
     beyond = [s["rise_beyond_shuffled"] for s in seeds.values()]
     beyond_mean = mean_se(beyond) if None not in beyond else mean_se([])  # every seed's, or none: runs kept no replies
     return {"base": mean_se(s["base"] for s in seeds.values()), "final": final,
