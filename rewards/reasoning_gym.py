@@ -22,5 +22,5 @@ def exact_reply(reply: str | None, row: dict[str, Any]) -> float:
     """1 for a reply `score_answer` gives full credit, else 0. Its default (leg_counting,
     basic_arithmetic, count_primes, word_sequence_reversal among the sweep's tasks) pays
     len(answer) / len(reply) to a reply that contains the answer, so "10" earns 0.5 on every
-    question whose answer is 0 or 1: a reward for wrong numbers, which GRPO learns to collect."""
+    question whose answer is 0 or 1: a reward for wrong numbers."""
     return 1.0 if score_reply(reply, row) >= 1.0 else 0.0

@@ -83,7 +83,7 @@ async def test_the_exact_reward_pays_full_credit_alone():
     from rewards.reasoning_gym import exact_reply
     from rollouts.env import Task
 
-    [row] = [r for r in learn_task.rows("leg_counting", 64, learn_task.EVAL_SEED) if r["answer"] == "0"][:1]
+    row = next(r for r in learn_task.rows("leg_counting", 64, learn_task.EVAL_SEED) if r["answer"] == "0")
     assert learn_task.score("10", row) == 0.5 and exact_reply("10", row) == 0.0
     assert exact_reply("0", row) == exact_reply("<answer>0</answer>", row) == 1.0 and exact_reply(None, row) == 0.0
     task = Task(id="t", data={"row": row})
@@ -287,6 +287,21 @@ async def test_dynamic_sampling_replaces_groups_that_scored_alike_up_to_its_budg
     assert [g.metadata["q"] for g in groups] == [0, 1] and aside == 0 and drawn == [[0, 1]]
     groups, aside = await learn.step_groups(sample, iter(range(7)), 3, max_set_aside=1)
     assert [g.metadata["q"] for g in groups] == [1, 2, 3] and aside == 1
+
+
+def test_a_runs_key_names_the_reward_and_dynamic_sampling_only_where_they_are_not_the_default():
+    # The committed runs' keys predate both options: a default run must keep its key, and TRL, which
+    # has no dynamic sampling, is compared with artisan's dynamic-sampling runs by its runs without.
+    import argparse
+
+    sweep = _load("learn_sweep")
+    base = dict(prompt="fewshot_drawn", steps=16, eval_every=4, eval_n=64, group_size=8, prompts_per_step=4, lr=2e-4,
+                temperature=1.0, max_tokens=8)
+    plain = argparse.Namespace(**base, reward="score_answer", dynamic_sampling=0)
+    assert sweep._config(plain, "chain_sum") == sweep._config(plain, "chain_sum", "trl") == base
+    varied = argparse.Namespace(**base, reward="exact", dynamic_sampling=8)
+    assert sweep._config(varied, "chain_sum") == base | {"reward": "exact", "dynamic_sampling": 8}
+    assert sweep._config(varied, "chain_sum", "trl") == base | {"reward": "exact"}
 
 
 def test_mean_curve_averages_the_seeds_at_each_step():
