@@ -37,7 +37,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -45,12 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client.local_server import ROOT, LocalServer  # noqa: E402
 from examples import reasoning_gym as learn_task  # noqa: E402
+from protocol import TrainConfig  # noqa: E402
 
 LORA_RANK, LORA_ALPHA = 8, 16.0  # artisan's LoraSettings defaults
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # every linear of a block
 ADAM_BETAS, ADAM_EPS, MAX_GRAD_NORM = (0.9, 0.99), 1e-8, 1.0  # server/runs/run.py, TrainConfig
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # TrainConfig's PPO clip
-MIN_SPREAD = 1e-6  # TrainConfig's min_group_reward_spread: a group within it trains nothing
 # At 4 prompts x 8 per step, the best of 1.3e-3 (art-server's default before it stopped extrapolating
 # the Llama fit), 4.9e-4 (its default now) and 2e-4 over 16 steps: the higher two collapse the
 # policy's entropy within 8-12 steps (figures in the README).
@@ -94,7 +93,7 @@ DIFFERENCES = {
 def train_size(a: argparse.Namespace) -> int:
     """Training questions a run may draw: a step's, and with dynamic sampling those that replace the
     groups set aside. The first steps x prompts are the same questions for both trainers."""
-    return a.steps * (a.prompts_per_step + getattr(a, "dynamic_sampling", 0))
+    return a.steps * (a.prompts_per_step + a.dynamic_sampling)
 
 
 def held_out(replies: list[str], eval_rows) -> dict[str, Any]:
@@ -112,12 +111,12 @@ def shuffled(replies: list[str], rows) -> float:
     accuracy here too, and so does a reply that reasoning-gym's scorer pays in part whatever the
     question: it gives len(answer) / len(reply) to a reply that contains the answer, so leg_counting's
     "10" earns 0.5 on every question whose answer is 0."""
-    counts = Counter(replies)
     n = len(rows)
     if n < 2:
         return 0.0
-    total = sum(k * learn_task.score(reply, row) for reply, k in counts.items() for row in rows)
-    own = sum(learn_task.score(reply, row) for reply, row in zip(replies, rows))
+    on_each = {reply: [learn_task.score(reply, row) for row in rows] for reply in set(replies)}
+    total = sum(sum(on_each[reply]) for reply in replies)
+    own = sum(on_each[reply][i] for i, reply in enumerate(replies))
     return (total - own) / (n * (n - 1))
 
 
@@ -138,7 +137,9 @@ async def _artisan_eval(client, model: str, eval_rows, prompt: str, max_tokens: 
     return held_out(await learn_task.greedy_replies(client, model, eval_rows, prompt, max_tokens), eval_rows)
 
 
-async def step_groups(sample, tasks: Iterator[Any], n: int, max_set_aside: int) -> tuple[list[Any], int]:
+async def step_groups(sample, tasks: Iterator[Any], n: int, max_set_aside: int,
+                      min_spread: float = TrainConfig.model_fields["min_group_reward_spread"].default
+                      ) -> tuple[list[Any], int]:
     """A step's n groups, sampled n at a time. With dynamic sampling (DAPO's, client.train's
     --dynamic-sampling), a group whose rollouts all scored alike trains nothing, so up to
     `max_set_aside` of them are set aside and replaced by groups of the next questions; past that,
@@ -149,7 +150,7 @@ async def step_groups(sample, tasks: Iterator[Any], n: int, max_set_aside: int) 
     aside = 0
     while len(kept) < n:
         for group in await sample([next(tasks) for _ in range(n - len(kept))]):
-            if aside < max_set_aside and scored_alike(group, min_spread=MIN_SPREAD):
+            if aside < max_set_aside and scored_alike(group, min_spread):
                 aside += 1
             else:
                 kept.append(group)
@@ -157,12 +158,12 @@ async def step_groups(sample, tasks: Iterator[Any], n: int, max_set_aside: int) 
 
 
 async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows) -> dict[str, Any]:
-    from client import TrainableModel, TrainConfig, gather_trajectory_groups
+    from client import TrainableModel, gather_trajectory_groups
     from rollouts.agent import rollout
     from rollouts.env import Task
     from rollouts.seeding import derive_seed, seeded
 
-    example = learn_task.make_example(a.task, a.prompt, reward=getattr(a, "reward", "score_answer"))
+    example = learn_task.make_example(a.task, a.prompt, reward=a.reward)
     example.settings.temperature, example.settings.max_tokens = a.temperature, a.max_tokens
     tasks = iter([Task(id=str(i), data={"row": r}) for i, r in enumerate(train_rows)])
     model = await TrainableModel("learn", lora={"rank": LORA_RANK, "alpha": LORA_ALPHA, "target_modules": LORA_TARGETS,
@@ -184,7 +185,8 @@ async def _artisan_train(url: str, a: argparse.Namespace, train_rows, eval_rows)
         print(f"artisan step 0: held-out {curve[-1][2]:.3f}", file=sys.stderr, flush=True)
         for step in range(1, a.steps + 1):
             started = time.perf_counter()
-            groups, aside = await step_groups(sample, tasks, a.prompts_per_step, getattr(a, "dynamic_sampling", 0))
+            groups, aside = await step_groups(sample, tasks, a.prompts_per_step, a.dynamic_sampling,
+                                              config.min_group_reward_spread)
             sampled = time.perf_counter()
             result = await model.train(groups, config)
             train_seconds += time.perf_counter() - started
@@ -296,7 +298,7 @@ def run_trl(a: argparse.Namespace, model_dir: Path, train_rows, eval_rows, work:
     dataset = Dataset.from_list([{"prompt": learn_task.messages(r, a.prompt), "row": i}
                                  for i, r in enumerate(train_rows[:used])])
 
-    scorer = learn_task.REWARDS[getattr(a, "reward", "score_answer")]
+    scorer = learn_task.REWARDS[a.reward]
 
     def reward(prompts, completions, row, **_):
         return [scorer(c[-1]["content"], train_rows[i]) for c, i in zip(completions, row)]
@@ -395,7 +397,7 @@ def add_run_options(ap: argparse.ArgumentParser, max_tokens_help: str | None = N
                     help="both trainers' (art-server's own default for SmolLM2 is 4.9e-4; see the README)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=8, help=max_tokens_help)
-    ap.add_argument("--reward", default="score_answer", choices=sorted(learn_task.REWARDS),
+    ap.add_argument("--reward", default=learn_task.REWARD, choices=sorted(learn_task.REWARDS),
                     help="both trainers' training reward: reasoning-gym's score_answer, or its full credit alone "
                          "(exact); held-out accuracy is score_answer's either way")
     ap.add_argument("--dynamic-sampling", type=int, default=0,

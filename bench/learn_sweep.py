@@ -244,7 +244,7 @@ def _config(a: argparse.Namespace, task: str, trainer: str = "artisan") -> dict[
     config = {"prompt": a.prompt, "steps": a.steps, "eval_every": a.eval_every, "eval_n": a.eval_n,
               "group_size": a.group_size, "prompts_per_step": a.prompts_per_step, "lr": a.lr,
               "temperature": a.temperature, "max_tokens": MAX_TOKENS.get(task, a.max_tokens)}
-    if a.reward != "score_answer":
+    if a.reward != learn_task.REWARD:
         config["reward"] = a.reward  # absent when the default, as below
     if trainer == "artisan" and a.dynamic_sampling:
         config["dynamic_sampling"] = a.dynamic_sampling  # absent when off: the runs from before it keep their key
@@ -267,8 +267,9 @@ def run_one(a: argparse.Namespace, served: Served, task: str, seed: int, trainer
     from tests.real_models import CACHE, converted
 
     config, commit = _config(a, task, trainer), _commit()  # the checkout the run starts from (its server loads it)
-    run = argparse.Namespace(**config, task=task, seed=seed, chat_template=served.chat_template,
-                             stop_tokens=served.stop_tokens)
+    # the options a run's key leaves out where they are the default are still the run's settings
+    run = argparse.Namespace(**{"reward": a.reward, "dynamic_sampling": 0, **config}, task=task, seed=seed,
+                             chat_template=served.chat_template, stop_tokens=served.stop_tokens)
     train_rows = learn_task.rows(task, learn.train_size(a), learn_task.TRAIN_SEED + seed)
     eval_rows = learn_task.rows(task, a.eval_n, learn_task.EVAL_SEED)
     with tempfile.TemporaryDirectory(prefix="bench-learn-sweep-") as scratch:

@@ -123,7 +123,8 @@ def test_entropy_collapse_is_named_before_the_task_is_learned():
 
 
 def test_one_answer_to_most_held_out_tasks_scoring_below_its_share_is_named():
-    # count_primes in bench/results/learn-sweep.jsonl: "2" to nearly every range, right on a quarter of them
+    # count_primes in bench/results/learn-sweep.jsonl: one number to every range ("1" in artisan's runs),
+    # right on a quarter of them
     replies = ["2"] * 60 + ["3", "5", "1", "4"]
     assert one_answer(replies, 0.25) == (
         "60 of 64 held-out tasks got the same final reply, '2', and held-out reward (0.250) is below that share: "
