@@ -177,6 +177,13 @@ bench-decode: install
 bench-omp-wait: install
 	$(PY) bench/omp_wait.py
 
+# The walk of one trajectory from rollout() to the adapter serving its step, here and, counted the
+# same way, at the commit issue 35 counted ("119 returns" by hand) (bench/trajectory_walk.py).
+WALK_BASELINE ?= bff630e
+.PHONY: bench-walk
+bench-walk: install
+	$(PY) bench/trajectory_walk.py --baseline $(WALK_BASELINE)
+
 # Both engines on SmolLM2-135M-Instruct (its GGUF from the test models), same requests.
 SMOLLM2 = $$($(PY) -c "from tests.real_models import smollm2_gguf; print(smollm2_gguf())")
 bench-vllm: install $(VLLM_STAMP)

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import learn  # noqa: E402
 from client.local_server import ROOT  # noqa: E402
 from examples import reasoning_gym as learn_task  # noqa: E402
+from greedy_scores import beyond_shuffled  # noqa: E402
 
 # Nine tasks of five families, every one with SmolLM2's greedy few-shot base accuracy strictly between
 # 0 and 1 (examples/reasoning_gym, bench/learn_base_rates.py): room to learn and groups that disagree.
@@ -278,7 +279,7 @@ def run_one(a: argparse.Namespace, served: Served, task: str, seed: int, trainer
         else:
             out = learn.run_trl(run, converted(served.gguf), train_rows, eval_rows, Path(scratch))
     curve, held = out["curve"], out["held_out"]
-    base_beyond, final_beyond = learn.beyond_shuffled(held["base"]), learn.beyond_shuffled(held["final"])
+    base_beyond, final_beyond = beyond_shuffled(held["base"]), beyond_shuffled(held["final"])
     return {"model": a.model, "config": config, "task": task, "seed": seed, "trainer": trainer, "commit": commit,
             "base": curve[0][2], "final": curve[-1][2], "seconds_per_step": round(curve[-1][0] / a.steps, 2),
             "constant_answer": constant_answer(r["answer"] for r in eval_rows),

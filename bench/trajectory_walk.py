@@ -7,17 +7,21 @@ run-related module from outside that set, how many functions return inside it, a
 distinct functions of this repository run; and the same walk as a reader follows it, each function
 read once (`read`: its doors into the run's modules, its moves between modules and the returns
 among them, as one counts by reading the code). `python bench/trajectory_walk.py`;
-one JSON line.
+one JSON line. `--baseline REV` walks the same way at another commit too (a git worktree, in a
+process of its own), so a figure set against an older one compares like with like: `make bench-walk`
+measures against the commit issue 35 counted (`WALK_BASELINE`).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dis
 import functools
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -47,7 +51,9 @@ HOW = ("sys/threading.setprofile on all threads from the first rollout() to run@
        "run-related functions leaving (return or raise, not yield), functions the distinct functions of ours run; "
        "read: the same trace as a reader follows it (read_walk): each function once (its nested comprehensions, "
        "lambdas and closures with it), doors the run-related "
-       "functions first started from outside the set, moves and returns between modules on each thread's path")
+       "functions first started from outside the set, moves and returns between modules on each thread's path; "
+       "baseline: the same walk at --baseline's commit (a git worktree, walked in a process of its own), only its "
+       "figures that do not depend on module names")
 
 
 class Event(NamedTuple):
@@ -122,7 +128,7 @@ def outermost(function: str) -> str:
 
 @functools.cache
 def module_of(filename: str, root: Path = ROOT) -> str | None:
-    """The dotted name of a module of this repository; None for .venv, the standard library, this script."""
+    """The dotted name of a module of the walked repository; None for .venv, the standard library, this script."""
     path = Path(filename)
     if not path.is_relative_to(root) or path.suffix != ".py" or path == Path(__file__).resolve():
         return None
@@ -150,13 +156,14 @@ class Tracer:
     """A profile hook on every thread (installed before the server starts its threads), recording
     only while `active`: the server's start-up and the run's registration are not the walk."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path = ROOT) -> None:
         self.events: list[Event] = []
         self.active = False
+        self.root = root
 
     def caller(self, frame) -> str | None:
         while frame is not None:
-            module = module_of(frame.f_code.co_filename)
+            module = module_of(frame.f_code.co_filename, self.root)
             if module is not None:
                 return module
             frame = frame.f_back
@@ -165,7 +172,7 @@ class Tracer:
     def profile(self, frame, event: str, arg) -> None:
         if not self.active or event[:2] == "c_":  # a builtin's call or return: never ours
             return
-        module = module_of(frame.f_code.co_filename)
+        module = module_of(frame.f_code.co_filename, self.root)
         if module is None:
             return
         function = f"{module}:{frame.f_code.co_qualname}"
@@ -220,7 +227,6 @@ async def walk(url: str, tracer: Tracer) -> dict:
     from client.gather import gather_trajectory_groups
     from client.model import TrainableModel
     from examples.demo import make_example
-    from protocol.names import policy_name
     from protocol.trajectory import TrajectoryGroup
     from rollouts.agent import rollout
 
@@ -237,7 +243,7 @@ async def walk(url: str, tracer: Tracer) -> dict:
             result = await model.train([TrajectoryGroup(trajectories=break_tie(group.trajectories))])
             if not result.trained:
                 raise RuntimeError(f"the step did not train: {result.warnings}")
-            await client.chat.completions.create(model=policy_name(model.name, result.step), max_tokens=MAX_TOKENS,
+            await client.chat.completions.create(model=served_name(model.name, result.step), max_tokens=MAX_TOKENS,
                                                  messages=example.make_env(task).initial_messages())
         finally:
             tracer.active = False
@@ -245,18 +251,71 @@ async def walk(url: str, tracer: Tracer) -> dict:
             "step": result.step}
 
 
-def main() -> None:
+def served_name(run: str, step: int) -> str:
+    try:
+        from protocol.names import policy_name
+    except ImportError:  # a baseline from before the grammar had one home (protocol/names.py) wrote it inline
+        return f"{run}@{step}"
+    return policy_name(run, step)
+
+
+def measure(root: Path = ROOT) -> dict:
+    """The walk of the repository at `root`, whose packages this process imports."""
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-walk-") as work, Tracer().installed() as tracer:
+    with tempfile.TemporaryDirectory(prefix="bench-walk-") as work, Tracer(root).installed() as tracer:
         from server.app import create_app
         from server.settings import Settings
 
+        if not Path(sys.modules["server"].__file__).is_relative_to(root):  # sys.path put another checkout first
+            raise RuntimeError(f"the walk of {root} imported {sys.modules['server'].__file__}")
         app = create_app(Settings(data_dir=Path(work) / "data", device="cpu"))
         with serving(app) as url:
             walked = asyncio.run(walk(url, tracer))
-    counts = count_walk(tracer.events)
-    print(json.dumps({"bench": "trajectory_walk", **counts, "read": read_walk(tracer.events), **walked,
-                      "seconds": round(time.perf_counter() - started, 1), "how": HOW}))
+    return {**count_walk(tracer.events), "read": read_walk(tracer.events), **walked,
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def commit_of(rev: str) -> str:
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "--verify", "--quiet", rev + "^{commit}"],
+                           capture_output=True, text=True)
+    if found.returncode:
+        raise SystemExit(f"error: --baseline {rev}: no such commit in {ROOT}")
+    return found.stdout.strip()
+
+
+def measure_at(commit: str) -> dict:
+    """The walk at `commit` of this repository: a worktree of it, walked by this script in a
+    process of its own (one process cannot import two versions of the same packages)."""
+    with tempfile.TemporaryDirectory(prefix="bench-walk-baseline-") as scratch:
+        tree = Path(scratch) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), commit], check=True)
+        try:
+            done = subprocess.run([sys.executable, __file__, "--root", str(tree)], capture_output=True, text=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+    if done.returncode:
+        raise SystemExit(f"error: the walk at {commit} failed: {(done.stderr.strip().splitlines() or [''])[-1]}")
+    return {"rev": commit, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", metavar="REV", help="also walk this git revision, the same way")
+    parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)  # the checkout measure_at walks
+    args = parser.parse_args(argv)
+    if args.root is not None:
+        sys.path.insert(0, str(args.root.resolve()))
+        print(json.dumps(measure(args.root.resolve())))
+        return
+    baseline = commit_of(args.baseline) if args.baseline else None
+    line = {"bench": "trajectory_walk", **measure()}
+    if baseline:
+        # Only what does not depend on module names: an older commit kept a run's state in other modules.
+        base = measure_at(baseline)
+        line["baseline"] = {"rev": base["rev"], "functions": base["functions"],
+                            **{k: base["read"][k] for k in ("moves", "returns", "modules")}}
+        line["returns_vs_baseline"] = round(line["read"]["returns"] / max(base["read"]["returns"], 1), 2)
+    print(json.dumps({**line, "how": HOW}))
 
 
 if __name__ == "__main__":

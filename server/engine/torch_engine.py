@@ -37,8 +37,8 @@ from server.engine.kv_cache import HEADROOM, BatchKV
 from server.engine.prefix_cache import Hit, PrefixCache
 from server.engine.sampling import sample
 from server.model.threads import own_threads
-from server.model.memory import trim
-from server.model.host import ModelHost, available_memory
+from server.model.memory import available_memory, trim
+from server.model.host import ModelHost
 
 if TYPE_CHECKING:
     from server.settings import Settings

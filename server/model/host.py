@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import logging
 import re
 import threading
@@ -111,20 +110,6 @@ def linear_shapes(model: torch.nn.Module) -> list[tuple[str, int, int]]:
     adapter wraps them)."""
     return [(name.rsplit(".", 1)[-1], m.in_features, m.out_features) for name, m in model.named_modules()
             if isinstance(m, torch.nn.Linear) and re.search(r"\.layers\.\d+\.", name)]
-
-
-def available_memory(device: torch.device) -> int:
-    """Bytes the device can still allocate: free GPU memory, or the system's MemAvailable."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def context_window(config: Any) -> int:

@@ -1,4 +1,5 @@
-"""What the server process holds in memory, and giving freed memory back to the machine.
+"""What the server process holds in memory, what the device has left, and giving freed memory back
+to the machine.
 
 glibc's malloc keeps what torch frees in its heaps for reuse: after a training step whose
 activations took gigabytes, the process went on holding them (10.6 GB resident for SmolLM2-135M
@@ -46,6 +47,20 @@ def resident() -> int:
 
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak if os.uname().sysname == "Darwin" else peak * 1024
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes the device can still allocate: free GPU memory, or the system's MemAvailable."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def held(device: torch.device) -> int:

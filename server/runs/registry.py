@@ -13,7 +13,8 @@ import torch
 
 from protocol.config import RunSpec
 from server.engine.base import Engine
-from server.model.host import ModelHost, available_memory
+from server.model.host import ModelHost
+from server.model.memory import available_memory
 from server.runs import base_models, checkpoints, pins
 from server.runs.base_models import NameCaseConflict, OtherModel, RunConflict, RunRecord
 from server.runs.run import Run, adapter_name, lora_config, new_optimizer

@@ -33,8 +33,7 @@ from typing import Any
 
 import torch
 
-from server.model.memory import GB, gb, held
-from server.model.host import available_memory
+from server.model.memory import GB, available_memory, gb, held
 from server.training.bounds import TooLarge
 
 # A micro-batch's peak over its saved activations. On a CPU, glibc's heaps keep what a forward

@@ -224,17 +224,17 @@ def test_a_rise_to_the_constant_answers_accuracy_is_named_as_no_evidence():
 def test_a_rise_that_does_not_depend_on_the_question_is_told_from_learning():
     """A policy answering one thing to all scores its accuracy on shuffled replies too; so does a
     reply the scorer pays in part whatever the question (leg_counting's "10", 0.5 wherever the answer is 0)."""
-    learn = _load("learn")
+    scores = _load("greedy_scores")
     rows = learn_task.rows("leg_counting", 64, learn_task.EVAL_SEED)
-    collapsed = learn.held_out(["12"] * 64, rows)
+    collapsed = scores.held_out(["12"] * 64, rows)
     assert collapsed["accuracy"] > 0.2 and collapsed["shuffled"] == pytest.approx(collapsed["accuracy"], abs=0.02)
-    partial = learn.held_out(["10"] * 64, rows)
+    partial = scores.held_out(["10"] * 64, rows)
     assert partial["accuracy"] > sum(str(r["answer"]) == "10" for r in rows) / 64  # the half credits on "0"
     assert partial["shuffled"] == pytest.approx(partial["accuracy"], abs=0.02)
-    right = learn.held_out([str(r["answer"]) for r in rows], rows)
+    right = scores.held_out([str(r["answer"]) for r in rows], rows)
     assert right["accuracy"] == 1.0 and right["shuffled"] < 0.3
     sweep = _load("learn_sweep")
-    assert learn.beyond_shuffled(collapsed) < 0.02 and learn.beyond_shuffled(right) > 0.7
+    assert scores.beyond_shuffled(collapsed) < 0.02 and scores.beyond_shuffled(right) > 0.7
 
     def run(task, seed, final, beyond):
         return {**_entry(task, "artisan", seed, 0.04, final),
@@ -257,12 +257,12 @@ def test_a_rise_that_does_not_depend_on_the_question_is_told_from_learning():
 
 
 def test_an_evaluation_keeps_each_questions_reply_and_score():
-    learn = _load("learn")
+    scores = _load("greedy_scores")
     rows = learn_task.rows("leg_counting", 2, learn_task.EVAL_SEED)
-    out = learn.held_out([f"  {rows[0]['answer']} \n", "no idea"], rows)
+    out = scores.held_out([f"  {rows[0]['answer']} \n", "no idea"], rows)
     assert out == {"accuracy": 0.5, "replies": [str(rows[0]["answer"]), "no idea"], "scores": [1.0, 0.0],
-                   "shuffled": learn.shuffled([str(rows[0]["answer"]), "no idea"], rows)}
-    assert learn.first_and_last([{"a": 0}, {"a": 1}, {"a": 2}]) == {"base": {"a": 0}, "final": {"a": 2}}
+                   "shuffled": scores.shuffled([str(rows[0]["answer"]), "no idea"], rows)}
+    assert scores.first_and_last([{"a": 0}, {"a": 1}, {"a": 2}]) == {"base": {"a": 0}, "final": {"a": 2}}
 
 
 async def test_dynamic_sampling_replaces_groups_that_scored_alike_up_to_its_budget():

@@ -141,3 +141,9 @@ def test_only_this_repositorys_files_outside_hidden_trees_are_ours():
     assert bench.module_of(str(ROOT / "bench" / "trajectory_walk.py")) is None  # the harness is not the walk
     assert bench.module_of("/usr/lib/python3.11/threading.py") is None
     assert bench.module_of("<string>") is None
+
+
+def test_a_baseline_that_names_no_commit_is_refused_in_one_line_before_any_walk():
+    with pytest.raises(SystemExit) as refused:
+        bench.commit_of("no-such-revision")
+    assert str(refused.value) == f"error: --baseline no-such-revision: no such commit in {ROOT}"
