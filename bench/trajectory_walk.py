@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import dis
 import functools
+import importlib.util
 import json
 import os
 import subprocess
@@ -34,6 +35,19 @@ from typing import Iterable, Iterator, NamedTuple
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # the trainer and the engine share 2 cores with the client
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+def _load_names():
+    """This checkout's protocol/names.py (the `run@N` grammar), loaded by its path under a name of its
+    own: a baseline walks an older checkout's packages, which may predate that module, and importing
+    `protocol` from here would hand the older server this checkout's package."""
+    spec = importlib.util.spec_from_file_location("walk_names", ROOT / "protocol" / "names.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+names = _load_names()  # before any walk: loading it is not part of one
 
 # The modules that hold a run's state: its registry, checkpoints, leases, pins and served steps
 # (server/runs), its rows (store/runs, store/steps), the commit of its next step, and the table
@@ -243,20 +257,13 @@ async def walk(url: str, tracer: Tracer) -> dict:
             result = await model.train([TrajectoryGroup(trajectories=break_tie(group.trajectories))])
             if not result.trained:
                 raise RuntimeError(f"the step did not train: {result.warnings}")
-            await client.chat.completions.create(model=served_name(model.name, result.step), max_tokens=MAX_TOKENS,
+            served = names.policy_name(model.name, result.step)
+            await client.chat.completions.create(model=served, max_tokens=MAX_TOKENS,
                                                  messages=example.make_env(task).initial_messages())
         finally:
             tracer.active = False
     return {"group_size": GROUP_SIZE, "turns": sum(t.metrics["turns"] for t in group.trajectories),
             "step": result.step}
-
-
-def served_name(run: str, step: int) -> str:
-    try:
-        from protocol.names import policy_name
-    except ImportError:  # a baseline from before the grammar had one home (protocol/names.py) wrote it inline
-        return f"{run}@{step}"
-    return policy_name(run, step)
 
 
 def measure(root: Path = ROOT) -> dict:
@@ -275,9 +282,12 @@ def measure(root: Path = ROOT) -> dict:
             "seconds": round(time.perf_counter() - started, 1)}
 
 
+def git(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=check)
+
+
 def commit_of(rev: str) -> str:
-    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "--verify", "--quiet", rev + "^{commit}"],
-                           capture_output=True, text=True)
+    found = git("rev-parse", "--short", "--verify", "--quiet", rev + "^{commit}", check=False)
     if found.returncode:
         raise SystemExit(f"error: --baseline {rev}: no such commit in {ROOT}")
     return found.stdout.strip()
@@ -288,11 +298,11 @@ def measure_at(commit: str) -> dict:
     process of its own (one process cannot import two versions of the same packages)."""
     with tempfile.TemporaryDirectory(prefix="bench-walk-baseline-") as scratch:
         tree = Path(scratch) / "tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), commit], check=True)
+        git("worktree", "add", "--detach", "--quiet", str(tree), commit)
         try:
             done = subprocess.run([sys.executable, __file__, "--root", str(tree)], capture_output=True, text=True)
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+            git("worktree", "remove", "--force", str(tree))
     if done.returncode:
         raise SystemExit(f"error: the walk at {commit} failed: {(done.stderr.strip().splitlines() or [''])[-1]}")
     return {"rev": commit, **json.loads(done.stdout.strip().splitlines()[-1])}
@@ -304,8 +314,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)  # the checkout measure_at walks
     args = parser.parse_args(argv)
     if args.root is not None:
-        sys.path.insert(0, str(args.root.resolve()))
-        print(json.dumps(measure(args.root.resolve())))
+        root = args.root.resolve()
+        sys.path.insert(0, str(root))
+        print(json.dumps(measure(root)))
         return
     baseline = commit_of(args.baseline) if args.baseline else None
     line = {"bench": "trajectory_walk", **measure()}
