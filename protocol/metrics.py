@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# How the step warning that suspects a collapse begins (server/training/health.py): the client's
+# verdict on a run that cannot learn passes that warning on (client/loop/patience.py).
+COLLAPSE_WARNING_OPENING = "Reward fell from "
+
 
 class StepMetrics(BaseModel):
     # Older checkpoints may hold figures this version no longer reports: kept, not refused.

@@ -20,6 +20,7 @@ from typing import Any
 
 from client.errors import RunCannotLearn
 from protocol.jobs import TrainResult
+from protocol.metrics import COLLAPSE_WARNING_OPENING
 from protocol.trajectory import TrajectoryGroup
 
 MAX_REWARD_VALUES = 8  # distinct rewards kept per attempt: enough to tell "all 0.0" from a spread
@@ -88,7 +89,8 @@ def _constant_reward(attempts: list[dict[str, Any]], best_elsewhere: float | Non
                 f"{', '.join(_reward(v) for v in values)}), so no rollout did better than its siblings: the "
                 f"model does the same thing every time it sees a task. Raise --temperature or --group-size, or "
                 f"use tasks it solves only sometimes.")
-    collapse = next((w for a in attempts for w in a.get("warnings", []) if "broke the policy" in w), None)
+    warnings = (w for a in attempts for w in a.get("warnings", []))
+    collapse = next((w for w in warnings if w.startswith(COLLAPSE_WARNING_OPENING)), None)
     return text + (f" The server adds: {collapse}" if collapse else "")
 
 

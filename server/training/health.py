@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from protocol.metrics import StepMetrics
+from protocol.metrics import COLLAPSE_WARNING_OPENING, StepMetrics
 
 LOGPROB_GAP_LIMIT = 0.05
 TRUNCATED_LIMIT = 0.5
@@ -39,11 +39,13 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
     if total and constant == total:
         w.append(_all_constant(m))
         if previous is not None and _collapsed(m, previous):
-            w.append(f"Reward fell from {previous.reward_mean:.3g} at the last trained step to "
-                     f"{m.reward_mean:.3g}, and now every rollout in every group scores the same: the last "
-                     f"update probably broke the policy (a collapse, often into one malformed output). Nothing "
-                     f"can train from here. Read a few completions, then resume from an earlier checkpoint "
-                     f"with a lower learning rate, more groups per step, or fewer minibatches and epochs.")
+            w.append(f"{COLLAPSE_WARNING_OPENING}{previous.reward_mean:.3g} at the last trained step to "
+                     f"{m.reward_mean:.3g}, and now every rollout in every group scores the same, which the "
+                     f"last step's figures make unlikely by chance: the last update may have broken the "
+                     f"policy (a collapse, often into one malformed output). The next attempt samples the same "
+                     f"weights: if it fails alike too, read a few completions, then resume from an earlier "
+                     f"checkpoint with a lower learning rate, more groups per step, or fewer minibatches and "
+                     f"epochs.")
     elif constant and no_group_trains:
         w.append(f"The other {constant} groups had the same reward for every rollout{_split(m)}, so they carry no "
                  f"signal either; nothing was trained.")
@@ -153,7 +155,10 @@ COLLAPSE_CHANCE = 0.05
 
 def _collapsed(m: StepMetrics, previous: StepMetrics) -> bool:
     """A step with signal, then a lower reward that no rollout escapes: what a broken policy looks like.
-    (A run that solved its tasks also ends with constant groups, but at a higher reward.)
+    (A run that solved its tasks also ends with constant groups, but at a higher reward.) One such batch
+    is not proof: tasks differ in difficulty, so four hard ones can fail everywhere from a policy that
+    solves others (chain_sum at seed 0 did, and its next attempt at the same weights scored 0.32); the
+    warning therefore says what the next attempt will tell.
 
     Where the previous step had signal in few of its groups (1 of 4 at a reward of 0.09, a hard task),
     a batch where none has any is a likely draw from the same policy, not a sign that the update broke

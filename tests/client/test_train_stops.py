@@ -16,6 +16,8 @@ import pytest
 from client.errors import EXIT_CANNOT_LEARN
 from client.loop.patience import Patience, diagnose
 from client.loop.report import short_float
+from protocol.metrics import StepMetrics
+from server.training import health
 from tests.helpers import train_cli
 
 
@@ -56,9 +58,14 @@ def test_reward_earned_elsewhere_in_the_run_means_too_rare_not_never():
 
 @pytest.mark.unit
 def test_a_collapse_the_server_saw_is_passed_on():
-    collapse = "Reward fell from 0.5 at the last trained step to 0: the last update probably broke the policy."
-    _, text = diagnose([_attempt(warnings=("All 2 groups had the same reward", collapse))] * 2)
+    failed = StepMetrics(groups_total=4, groups_dropped_constant=4, groups_constant_failed=4, reward_mean=0.0)
+    wide = StepMetrics(groups_total=4, groups_trainable=4, trained=True, reward_mean=0.5)
+    said = health.step_warnings(failed, wide)  # the server's own words, so a change to them is caught here
+    [collapse] = [w for w in said if "collapse" in w]
+    _, text = diagnose([_attempt(warnings=tuple(said))] * 2)
     assert collapse in text
+    _, quiet = diagnose([_attempt(warnings=tuple(w for w in said if w != collapse))] * 2)
+    assert "The server adds" not in quiet
 
 
 @pytest.mark.unit
