@@ -20,6 +20,7 @@ learning regression test (tests/learning/) trains:
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import hashlib
 import random
@@ -80,6 +81,7 @@ PROMPTS: dict[str, tuple[str, str]] = {
     "fewshot_drawn": ("Answer with only the final answer.", ""),
 }
 FEWSHOT_SEED, FEWSHOT_N, FEWSHOT_POOL = 99_999, 2, 64
+SHORT_REPLY_TOKENS = 8
 
 TASK, PROMPT = "leg_counting", "fewshot_drawn"  # chosen by measuring: the README's sweep
 # A base model (Gemma 3 270M) never learned a chat template's markers: under its instruction template
@@ -91,8 +93,9 @@ TRAIN_SEED, EVAL_SEED = 0, 10_000  # disjoint seeds: the held-out rows are other
 
 
 def rows(task: str, size: int, seed: int, level: int = 0) -> list[dict[str, Any]]:
-    """`size` questions of `task` at difficulty `level` (LEVELS; 0 is SETTINGS' easy one)."""
-    options = LEVELS[task][level] if task in LEVELS else SETTINGS[task]
+    """`size` questions of `task` at difficulty `level` (LEVELS; 0 is SETTINGS' easy one). A task
+    without settings here is asked at reasoning-gym's own defaults."""
+    options = LEVELS[task][level] if task in LEVELS else SETTINGS.get(task, {})
     if level and task not in LEVELS:
         raise ValueError(f"reasoning-gym task {task!r} has no difficulty levels; those with levels: "
                          f"{', '.join(sorted(LEVELS))}")
@@ -205,8 +208,21 @@ class ReasoningGymExample(Example):
 
 def make_example(task: str = TASK, prompt: str = PROMPT, reward: Literal["score_answer", "exact"] = REWARD,
                  **kwargs: Any) -> ReasoningGymExample:
-    if task not in SETTINGS:
-        raise ValueError(f"reasoning-gym task {task!r}: the tasks with settings here are {', '.join(sorted(SETTINGS))}")
-    # Bare answers are a few tokens; 8 leaves room for a sentence the reward then scores 0.
+    if task not in reasoning_gym.factory.DATASETS:
+        near = difflib.get_close_matches(task, reasoning_gym.factory.DATASETS, n=3)
+        raise ValueError(f"reasoning-gym has no task {task!r}"
+                         + (f"; did you mean {', '.join(near)}?" if near else f"; its tasks: "
+                            f"{', '.join(sorted(reasoning_gym.factory.DATASETS))}"))
     return ReasoningGymExample(name=f"reasoning-gym-{task}", task=task, prompt=prompt, reward=reward,
-                               settings=RolloutSettings(max_turns=1, max_tokens=8, temperature=1.0), **kwargs)
+                               settings=RolloutSettings(max_turns=1, max_tokens=reply_tokens(task), temperature=1.0),
+                               **kwargs)
+
+
+def reply_tokens(task: str) -> int:
+    """A reply's token budget. The easy settings' answers are a few tokens, and 8 leaves room for a
+    sentence the reward then scores 0 (measured). A task asked at reasoning-gym's defaults gets room
+    for the longest answer of its shot pool, a token for each character (no tokenizer here splits
+    these answers finer), and the same 8 beside it."""
+    if task in SETTINGS:
+        return SHORT_REPLY_TOKENS
+    return SHORT_REPLY_TOKENS + max(len(str(ex["answer"])) for ex in _pool(task))
