@@ -18,7 +18,7 @@ def score_reply(reply: str | None, row: dict[str, Any]) -> float:
     score_answer = reasoning_gym.get_score_answer_fn(row["metadata"]["source_dataset"])
     try:
         return float(score_answer(answer, row))
-    except Exception:  # noqa: BLE001
+    except Exception:
         # Most datasets' scorers give 0 to a reply they cannot parse; some raise instead
         # (prime_factorization's int() on "2 and 32"). Either way the reply is wrong. Raised from
         # here, it would make the rollout an error, which reads as a broken tool or server.

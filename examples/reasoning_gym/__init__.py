@@ -221,8 +221,8 @@ def make_example(task: str = TASK, prompt: str = PROMPT, reward: Literal["score_
 def reply_tokens(task: str) -> int:
     """A reply's token budget. The easy settings' answers are a few tokens, and 8 leaves room for a
     sentence the reward then scores 0 (measured). A task asked at reasoning-gym's defaults gets room
-    for the longest answer of its shot pool, a token for each character (no tokenizer here splits
-    these answers finer), and the same 8 beside it."""
+    for the longest answer of its shot pool at a token a character (an ASCII character is at most one
+    token), and the same 8 beside it."""
     if task in SETTINGS:
         return SHORT_REPLY_TOKENS
     return SHORT_REPLY_TOKENS + max(len(str(ex["answer"])) for ex in _pool(task))
