@@ -70,10 +70,13 @@ def _constant_reward(attempts: list[dict[str, Any]], best_elsewhere: float | Non
     if len(values) == 1:
         v = _reward(values[0])
         if best_elsewhere is not None and best_elsewhere > values[0]:
+            # measured: family_relationships on SmolLM2 stopped at step 1 this way, and trained 16 steps with it
+            resample = "" if any("groups_set_aside" in a for a in attempts) else \
+                ", --dynamic-sampling N (other tasks sampled in place of groups that scored alike)"
             text = (f"Every rollout of these attempts scored {v}, so no rollout did better than its siblings, "
                     f"though other rollouts of this run did better (up to {best_elsewhere:.3g}): reward is too "
-                    f"rare for batches this small. Use a larger --group-size or --groups-per-step, or a higher "
-                    f"--patience.")
+                    f"rare for batches this small. Use a larger --group-size or --groups-per-step{resample}, or a "
+                    f"higher --patience.")
         elif values[0] <= 0:
             text = (f"Every rollout scored {v}, so no rollout did better than its siblings and there is nothing "
                     f"to learn from: the model never earns reward on this task. Try a stronger --model on the "

@@ -49,7 +49,11 @@ def test_reward_earned_elsewhere_in_the_run_means_too_rare_not_never():
         patience.record(attempt)
     assert patience.exhausted and patience.best_reward == 1.0
     text = str(patience.verdict(step=1))
-    assert "too rare" in text and "--group-size" in text and "never earns" not in text
+    assert "too rare" in text and "--group-size" in text and "--dynamic-sampling" in text and "never earns" not in text
+    resampled = Patience(limit=1)  # a run that already samples other tasks in place of such groups
+    resampled.record(_attempt(trained=True, rewards=(0.0, 1.0), constant=1))
+    resampled.record({**_attempt(), "groups_set_aside": 8})
+    assert "too rare" in (said := str(resampled.verdict(step=1))) and "--dynamic-sampling" not in said
     fresh = Patience(limit=1)
     fresh.record(_attempt())
     assert "too rare" in str(fresh.verdict(step=0, eval_rewards=(0.125,)))  # seen in the held-out evaluation
