@@ -1,7 +1,8 @@
 """reasoning-gym's own score of a reply, as every artisan user of reasoning-gym scores it (the
 verifiers taskset in environments/reasoning_gym_env, bench/learn.py): `score_answer` of the
 row's dataset, on the reply's last `<answer>` if it wrote one, else on the stripped reply, so a
-bare correct answer still counts. Needs the `reasoning-gym` package."""
+bare correct answer still counts; 0 where the scorer raises on the reply. Needs the `reasoning-gym`
+package."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ def score_reply(reply: str | None, row: dict[str, Any]) -> float:
     try:
         return float(score_answer(answer, row))
     except Exception:
-        # Most datasets' scorers give 0 to a reply they cannot parse; some raise instead
-        # (prime_factorization's int() on "2 and 32"). Either way the reply is wrong. Raised from
-        # here, it would make the rollout an error, which reads as a broken tool or server.
+        # A scorer that raises has not paid the reply. Most datasets' scorers give 0 to a reply they
+        # cannot parse, and some raise instead (prime_factorization's int() on "2 and 32"); raised
+        # from here, it would make the rollout an error, which reads as a broken tool or server. A
+        # scorer that raised on every reply would score every rollout 0, which the step names.
         return 0.0
 
 

@@ -65,14 +65,28 @@ def _reward(value: float) -> str:
     return str(float(value))
 
 
+def _collapse_warning(attempt: dict[str, Any]) -> str | None:
+    return next((w for w in attempt.get("warnings", []) if w.startswith(COLLAPSE_WARNING_OPENING)), None)
+
+
 def _constant_reward(attempts: list[dict[str, Any]], best_elsewhere: float | None) -> str:
+    warned = [(i, w) for i, a in enumerate(attempts) if (w := _collapse_warning(a))]
+    first, collapse = warned[0] if warned else (len(attempts), None)
+    if first < len(attempts) - 1:
+        # The server's warning left the verdict to the next attempts at the same weights: they are in.
+        n = len(attempts) - 1 - first
+        return (f"After the server's warning below, {n} more attempt{'s' * (n != 1)} at the same weights scored "
+                f"alike in every group: the last trained step broke the policy. Read a few completions; the "
+                f"earlier steps are still served (run@N, and --keep-best with --eval-every serves the best one), "
+                f"and a new run with a lower --learning-rate or more --groups-per-step may keep what they "
+                f"learned. The server said: {collapse}")
     values = sorted({v for a in attempts for v in a.get("reward_values") or []})
     if len(values) == 1:
         v = _reward(values[0])
         if best_elsewhere is not None and best_elsewhere > values[0]:
-            # measured: family_relationships on SmolLM2 stopped at step 1 this way, and trained 16 steps with it
-            resample = "" if any("groups_set_aside" in a for a in attempts) else \
-                ", --dynamic-sampling N (other tasks sampled in place of groups that scored alike)"
+            # family_relationships on SmolLM2 stopped at step 1 this way; with --dynamic-sampling 8 it trained on
+            resample = ("" if any("groups_set_aside" in a for a in attempts)
+                        else ", --dynamic-sampling N (other tasks sampled in place of groups that scored alike)")
             text = (f"Every rollout of these attempts scored {v}, so no rollout did better than its siblings, "
                     f"though other rollouts of this run did better (up to {best_elsewhere:.3g}): reward is too "
                     f"rare for batches this small. Use a larger --group-size or --groups-per-step{resample}, or a "
@@ -92,8 +106,6 @@ def _constant_reward(attempts: list[dict[str, Any]], best_elsewhere: float | Non
                 f"{', '.join(_reward(v) for v in values)}), so no rollout did better than its siblings: the "
                 f"model does the same thing every time it sees a task. Raise --temperature or --group-size, or "
                 f"use tasks it solves only sometimes.")
-    warnings = (w for a in attempts for w in a.get("warnings", []))
-    collapse = next((w for w in warnings if w.startswith(COLLAPSE_WARNING_OPENING)), None)
     return text + (f" The server adds: {collapse}" if collapse else "")
 
 

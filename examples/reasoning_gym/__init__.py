@@ -213,16 +213,31 @@ def make_example(task: str = TASK, prompt: str = PROMPT, reward: Literal["score_
         raise ValueError(f"reasoning-gym has no task {task!r}"
                          + (f"; did you mean {', '.join(near)}?" if near else f"; its tasks: "
                             f"{', '.join(sorted(reasoning_gym.factory.DATASETS))}"))
+    if task not in SETTINGS:
+        _check_shots(task)
     return ReasoningGymExample(name=f"reasoning-gym-{task}", task=task, prompt=prompt, reward=reward,
                                settings=RolloutSettings(max_turns=1, max_tokens=reply_tokens(task), temperature=1.0),
                                **kwargs)
 
 
+def _check_shots(task: str) -> None:
+    """A task asked at reasoning-gym's defaults must build its shot pool, and the shots must have
+    answers to show (a few datasets, such as boxnet and rush_hour, score a reply without one)."""
+    try:
+        pool = _pool(task)
+    except Exception as e:  # e.g. composite, which needs the datasets it mixes named
+        raise ValueError(f"reasoning-gym task {task!r} cannot be built at its defaults: {type(e).__name__}: {e}") \
+            from None
+    if any(ex["answer"] is None for ex in pool):
+        raise ValueError(f"reasoning-gym task {task!r} gives its questions no reference answer, and this example's "
+                         f"prompt shows two solved ones: use its verifiers environment (environments/reasoning_gym_env)")
+
+
 def reply_tokens(task: str) -> int:
     """A reply's token budget. The easy settings' answers are a few tokens, and 8 leaves room for a
     sentence the reward then scores 0 (measured). A task asked at reasoning-gym's defaults gets room
-    for the longest answer of its shot pool at a token a character (an ASCII character is at most one
-    token), and the same 8 beside it."""
+    for the longest answer of its shot pool at a token a UTF-8 byte (byte-level tokenizers never need
+    more), and the same 8 beside it."""
     if task in SETTINGS:
         return SHORT_REPLY_TOKENS
-    return SHORT_REPLY_TOKENS + max(len(str(ex["answer"])) for ex in _pool(task))
+    return SHORT_REPLY_TOKENS + max(len(str(ex["answer"]).encode()) for ex in _pool(task))

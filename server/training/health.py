@@ -43,9 +43,9 @@ def step_warnings(m: StepMetrics, previous: StepMetrics | None = None) -> list[s
                      f"{m.reward_mean:.3g}, and now every rollout in every group scores the same, which the "
                      f"last step's figures make unlikely by chance: the last update may have broken the "
                      f"policy (a collapse, often into one malformed output). The next attempt samples the same "
-                     f"weights: if it fails alike too, read a few completions, then resume from an earlier "
-                     f"checkpoint with a lower learning rate, more groups per step, or fewer minibatches and "
-                     f"epochs.")
+                     f"weights: if it fails alike too, read a few completions; the earlier steps are still served "
+                     f"(run@N), and a new run with a lower learning rate, more groups per step, or fewer "
+                     f"minibatches and epochs may keep what they learned.")
     elif constant and no_group_trains:
         w.append(f"The other {constant} groups had the same reward for every rollout{_split(m)}, so they carry no "
                  f"signal either; nothing was trained.")

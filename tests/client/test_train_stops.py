@@ -69,7 +69,29 @@ def test_a_collapse_the_server_saw_is_passed_on():
     _, text = diagnose([_attempt(warnings=tuple(said))] * 2)
     assert collapse in text
     _, quiet = diagnose([_attempt(warnings=tuple(w for w in said if w != collapse))] * 2)
-    assert "The server adds" not in quiet
+    assert "The server adds" not in quiet and "The server said" not in quiet
+
+
+@pytest.mark.unit
+def test_attempts_that_fail_alike_after_a_collapse_warning_settle_it():
+    """The server's warning leaves it to the next attempts at the same weights; once they fail alike
+    too, the stop says the policy broke, not that reward is rare (which would send the user to
+    --dynamic-sampling and more patience)."""
+    failed = StepMetrics(groups_total=4, groups_dropped_constant=4, groups_constant_failed=4, reward_mean=0.0)
+    said = tuple(health.step_warnings(failed, StepMetrics(groups_total=4, groups_trainable=4, trained=True,
+                                                          reward_mean=0.5)))
+    patience = Patience(limit=3)
+    for attempt in (_attempt(trained=True, rewards=(0.0, 1.0), constant=1), _attempt(warnings=said), _attempt(),
+                    _attempt()):
+        patience.record(attempt)
+    settled = str(patience.verdict(step=1))
+    assert "2 more attempts at the same weights" in settled and "broke the policy" in settled
+    assert "too rare" not in settled and "--dynamic-sampling" not in settled and said[-1] in settled
+    alone = Patience(limit=1)  # --patience 1: nothing after the warning has settled it
+    alone.record(_attempt(trained=True, rewards=(0.0, 1.0), constant=1))
+    alone.record(_attempt(warnings=said))
+    unsettled = str(alone.verdict(step=1))
+    assert "too rare" in unsettled and f"The server adds: {said[-1]}" in unsettled and "broke the policy" not in unsettled
 
 
 @pytest.mark.unit

@@ -14,10 +14,19 @@ def test_a_task_without_settings_here_is_asked_at_reasoning_gyms_defaults():
     [row] = [t.data["row"] for t in made.eval_tasks()[:1]]
     assert row["metadata"]["source_dataset"] == "simple_equations"
     assert score_reply(str(row["answer"]), row) == 1.0
-    # its reply budget holds the longest answer of its shot pool; the measured tasks keep theirs
-    longest = max(len(str(ex["answer"])) for ex in example._pool("number_sorting"))
-    assert example.make_example("number_sorting").settings.max_tokens == example.SHORT_REPLY_TOKENS + longest > 64
+    # its reply budget holds every answer of its shot pool at a token a byte (modulo_grid's are mostly
+    # three-byte marks), with room for a sentence beside it; the measured tasks keep theirs
+    for task in ("number_sorting", "modulo_grid"):
+        room = example.make_example(task).settings.max_tokens - example.SHORT_REPLY_TOKENS
+        assert room > 64 and all(len(str(ex["answer"]).encode()) <= room for ex in example._pool(task))
     assert example.make_example("chain_sum").settings.max_tokens == example.SHORT_REPLY_TOKENS
+
+
+def test_a_task_this_prompt_cannot_pose_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^reasoning-gym task 'boxnet' gives its questions no reference answer"):
+        example.make_example("boxnet")  # the shots would show "None" as the solved answers
+    with pytest.raises(ValueError, match=r"^reasoning-gym task 'composite' cannot be built at its defaults: "):
+        example.make_example("composite")
 
 
 def test_a_task_reasoning_gym_lacks_is_refused_in_one_line_with_the_names_near_it():
