@@ -38,7 +38,7 @@ def shuffled(replies: list[str], rows) -> float:
 
 def beyond_shuffled(held: dict[str, Any]) -> float:
     """An evaluation's accuracy less what its replies score given to other questions (`shuffled`):
-    the part of it that depends on the question. The README's real-model command rose 0.071 ->
+    the part of it that depends on the question. The README's leg_counting command rose 0.071 ->
     0.234 on leg_counting with 11 of its 17 rewarded answers "12"; a sweep run rose 0.039 -> 0.180
     answering "10" to 28 of 64 questions, paid 0.5 on each whose answer is 0."""
     return round(held["accuracy"] - held["shuffled"], 4)

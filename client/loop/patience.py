@@ -69,17 +69,24 @@ def _collapse_warning(attempt: dict[str, Any]) -> str | None:
     return next((w for w in attempt.get("warnings", []) if w.startswith(COLLAPSE_WARNING_OPENING)), None)
 
 
-def _constant_reward(attempts: list[dict[str, Any]], best_elsewhere: float | None) -> str:
-    warned = [(i, w) for i, a in enumerate(attempts) if (w := _collapse_warning(a))]
-    first, collapse = warned[0] if warned else (len(attempts), None)
-    if first < len(attempts) - 1:
-        # The server's warning left the verdict to the next attempts at the same weights: they are in.
-        n = len(attempts) - 1 - first
+def _settled_collapse(attempts: list[dict[str, Any]]) -> str | None:
+    """The verdict once attempts after the server's collapse warning, at the same weights, scored
+    alike too: the warning left it to them. None while none has (--patience 1 stops at the warning)."""
+    for i, attempt in enumerate(attempts):
+        if (collapse := _collapse_warning(attempt)) is None:
+            continue
+        n = sum(cause_of(a) == "constant_reward" for a in attempts[i + 1:])
+        if not n:
+            return None
         return (f"After the server's warning below, {n} more attempt{'s' * (n != 1)} at the same weights scored "
                 f"alike in every group: the last trained step broke the policy. Read a few completions; the "
                 f"earlier steps are still served (run@N, and --keep-best with --eval-every serves the best one), "
                 f"and a new run with a lower --learning-rate or more --groups-per-step may keep what they "
                 f"learned. The server said: {collapse}")
+    return None
+
+
+def _constant_reward(attempts: list[dict[str, Any]], best_elsewhere: float | None) -> str:
     values = sorted({v for a in attempts for v in a.get("reward_values") or []})
     if len(values) == 1:
         v = _reward(values[0])
@@ -106,6 +113,7 @@ def _constant_reward(attempts: list[dict[str, Any]], best_elsewhere: float | Non
                 f"{', '.join(_reward(v) for v in values)}), so no rollout did better than its siblings: the "
                 f"model does the same thing every time it sees a task. Raise --temperature or --group-size, or "
                 f"use tasks it solves only sometimes.")
+    collapse = next((w for a in attempts if (w := _collapse_warning(a))), None)
     return text + (f" The server adds: {collapse}" if collapse else "")
 
 
@@ -144,7 +152,10 @@ def diagnose(attempts: list[dict[str, Any]], group_size: int | None = None,
     """(cause, sentence) for a streak of attempts that trained nothing: the most frequent cause
     among them (the latest on a tie), described from the attempts that had it. `best_elsewhere`:
     the best reward this run earned outside the streak (earlier attempts, evaluations), which
-    tells "never earns reward" from "earns it too rarely"."""
+    tells "never earns reward" from "earns it too rarely". A collapse the server warned of, that the
+    attempts after its warning confirmed, comes first: its streak is constant rewards too."""
+    if settled := _settled_collapse(attempts):
+        return "collapse", settled
     causes = [cause_of(a) for a in attempts]
     counts = Counter(causes)
     cause = max(reversed(causes), key=lambda c: counts[c])

@@ -84,7 +84,9 @@ def test_attempts_that_fail_alike_after_a_collapse_warning_settle_it():
     for attempt in (_attempt(trained=True, rewards=(0.0, 1.0), constant=1), _attempt(warnings=said), _attempt(),
                     _attempt()):
         patience.record(attempt)
-    settled = str(patience.verdict(step=1))
+    verdict = patience.verdict(step=1)
+    settled = str(verdict)
+    assert verdict.cause == "collapse"
     assert "2 more attempts at the same weights" in settled and "broke the policy" in settled
     assert "too rare" not in settled and "--dynamic-sampling" not in settled and said[-1] in settled
     alone = Patience(limit=1)  # --patience 1: nothing after the warning has settled it
