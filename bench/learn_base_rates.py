@@ -3,7 +3,9 @@ task was chosen (a base rate between 5% and 50%, so GRPO groups have signal and 
 
 Plain chat completions against a running art-server (its base model, no adapter):
 
-    python bench/learn_base_rates.py http://127.0.0.1:8000 [--model smollm2] [--n 48]
+    python bench/learn_base_rates.py http://127.0.0.1:8000 [--model NAME] [--n 48]
+
+--model defaults to the first model the server lists (its base model).
 
 Prints one JSON line per (task, prompt), then the table as one JSON line last.
 """
@@ -23,9 +25,11 @@ import openai  # noqa: E402
 from examples import reasoning_gym as learn_task  # noqa: E402
 
 
-async def main(url: str, model: str, n: int, temperature: float, max_tokens: int, tasks: list[str],
+async def main(url: str, model: str | None, n: int, temperature: float, max_tokens: int, tasks: list[str],
                prompts: list[str]) -> None:
     client = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key="x", max_retries=2, timeout=900)
+    # A served name is the GGUF's stem (SmolLM2-135M-Instruct.Q4_1), which no one types from memory.
+    model = model or (await client.models.list()).data[0].id
     limit = asyncio.Semaphore(32)
 
     async def one(row, prompt):
@@ -51,7 +55,7 @@ async def main(url: str, model: str, n: int, temperature: float, max_tokens: int
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
-    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--model", help="a served model name (default: the first the server lists)")
     ap.add_argument("--n", type=int, default=48)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--max-tokens", type=int, default=16)

@@ -10,12 +10,12 @@ choice whose logprobs are not of the distribution it was drawn from would train 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from protocol.choices import INT64
-from server.sampling.chat_request import MAX_STOPS, NeutralKnobs
+from server.sampling.chat_request import NeutralKnobs, Stops
 
 
 def _nulls_dropped(data: Any) -> Any:
@@ -30,7 +30,7 @@ class GenerateSamplingParams(NeutralKnobs):
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     max_tokens: int | None = Field(default=None, ge=1, le=INT64)  # absent: whatever the context window leaves
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64)
-    stop: Union[str, list[str], None] = Field(default=None, validate_default=True)
+    stop: Stops = Field(default=None, validate_default=True)
     stop_token_ids: list[Annotated[int, Field(ge=0, le=INT64)]] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
     n: int | None = None
@@ -39,14 +39,6 @@ class GenerateSamplingParams(NeutralKnobs):
     @classmethod
     def _defaults_for_nulls(cls, data: Any) -> Any:
         return _nulls_dropped(data)
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> list[str]:
-        stops = [] if v is None else [v] if isinstance(v, str) else v
-        if len(stops) > MAX_STOPS:
-            raise ValueError(f"at most {MAX_STOPS} stop sequences")
-        return [s for s in stops if s]
 
     @field_validator("n")
     @classmethod

@@ -78,12 +78,31 @@ class NeutralKnobs(BaseModel):
         return v
 
 
+def stop_list(v: str | list[str] | None) -> list[str]:
+    """`stop` as every route takes it: one string or up to MAX_STOPS, empty ones dropped."""
+    stops = [] if v is None else [v] if isinstance(v, str) else v
+    if len(stops) > MAX_STOPS:
+        raise ValueError(f"at most {MAX_STOPS} stop sequences")
+    return [s for s in stops if s]
+
+
+def no_logit_bias(v: dict[str, float] | None) -> dict[str, float] | None:
+    # Refused, not ignored, for the reason NEUTRAL gives.
+    if v and any(v.values()):
+        raise ValueError("logit_bias is not supported: the trainer cannot reproduce a biased distribution")
+    return v
+
+
 def _refuse_top_k(v: int | None) -> int | None:
     # Refused, not ignored: the trainer could not reproduce the distribution sampled from.
     if v is not None:
         raise ValueError("top_k is not supported: the trainer cannot reproduce top-k sampling")
     return v
 
+
+# `stop` as a list however it was sent, and logit_bias as every route refuses it.
+Stops = Annotated[Union[str, list[str], None], AfterValidator(stop_list)]
+LogitBias = Annotated[dict[str, float] | None, AfterValidator(no_logit_bias)]
 
 # `top_k` as the Responses and Messages faces take it: named in the schema, refused when set.
 RefusedTopK = Annotated[int | None, AfterValidator(_refuse_top_k),
@@ -160,7 +179,7 @@ class ChatCompletionRequest(NeutralKnobs):
     top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     max_tokens: int | None = Field(default=None, ge=1, le=INT64)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64)
-    stop: Union[str, list[str], None] = Field(default=None, validate_default=True)
+    stop: Stops = Field(default=None, validate_default=True)
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # OpenAI's int64
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -168,14 +187,7 @@ class ChatCompletionRequest(NeutralKnobs):
     stream_options: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
-    logit_bias: dict[str, float] | None = None
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v and any(v.values()):
-            raise ValueError("logit_bias is not supported: the trainer cannot reproduce a biased distribution")
-        return v
+    logit_bias: LogitBias = None
 
     @field_validator("messages")
     @classmethod
@@ -193,16 +205,6 @@ class ChatCompletionRequest(NeutralKnobs):
         if isinstance(v, dict):
             return NamedToolChoice.model_validate(v)
         raise ValueError("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}")
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> list[str]:
-        if v is None:
-            return []
-        stops = [v] if isinstance(v, str) else v
-        if len(stops) > MAX_STOPS:
-            raise ValueError(f"at most {MAX_STOPS} stop sequences")
-        return [s for s in stops if s]
 
     @model_validator(mode="after")
     def _check(self) -> "ChatCompletionRequest":

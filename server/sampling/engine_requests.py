@@ -9,7 +9,7 @@ releases (a streamed answer when its stream ends).
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from protocol.names import run_of
 from server.engine.base import EngineFull, GenRequest, ReplicaLost, Unsupported
@@ -79,20 +79,29 @@ def submit(state: ServerState, policy: Policy, prompt_ids: list[int], params: Sa
     return gen, events
 
 
-async def wait_finished(gen: GenRequest, events: asyncio.Queue, disconnected: Disconnected) -> None:
-    """Until every sequence of `gen` is finished; a client that went away cancels it."""
-    finished = 0
-    while finished < gen.n:
+async def engine_events(gen: GenRequest, events: asyncio.Queue,
+                        disconnected: Disconnected) -> AsyncIterator[tuple[str, Any]]:
+    """The engine's events for `gen` as they come; they end, and `gen` is cancelled, when the client
+    has gone away (asked each second the engine is silent)."""
+    while True:
         try:
-            kind, payload = await asyncio.wait_for(events.get(), timeout=1.0)
+            yield await asyncio.wait_for(events.get(), timeout=1.0)
         except asyncio.TimeoutError:
             if await disconnected():
                 gen.cancelled = True
-                raise APIError(499, "client disconnected")
-            continue
+                return
+
+
+async def wait_finished(gen: GenRequest, events: asyncio.Queue, disconnected: Disconnected) -> None:
+    """Until every sequence of `gen` is finished; a client that went away cancels it."""
+    finished = 0
+    async for kind, payload in engine_events(gen, events, disconnected):
         if kind == "error":
             gen.cancelled = True
             if isinstance(payload, ReplicaLost):  # nothing was answered yet: the same request may simply be sent again
                 raise APIError(503, f"generation failed: {payload}", code="replica_lost", headers={"Retry-After": "1"})
             raise APIError(500, f"generation failed: {payload}", code="generation_failed")
         finished += kind == "finished"
+        if finished == gen.n:
+            return
+    raise APIError(499, "client disconnected")

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable
 from server.chat.format import ChatFormat
 from server.engine.base import DecodeSequence, GenRequest, ReplicaLost
 from server.sampling.choices import build_choice, logprob_entries
+from server.sampling.engine_requests import engine_events
 
 
 def sse(obj: Any) -> str:
@@ -46,7 +47,7 @@ class Completion:
                 "choices": [{"index": index, "delta": delta, "finish_reason": finish, **extra}], **(top or {})}
 
 
-def _partial_suffix(text: str, needles: list[str]) -> int:
+def partial_suffix(text: str, needles: list[str]) -> int:
     """How many trailing characters of `text` might begin one of `needles`."""
     for k in range(min(max((len(n) for n in needles), default=1) - 1, len(text)), 0, -1):
         if any(n.startswith(text[-k:]) for n in needles):
@@ -71,7 +72,7 @@ class ChoiceStream:
         p = chat.reasoning_parser
         if p is not None:
             held += list(p.markers)
-        text = text[: len(text) - _partial_suffix(text, held)]
+        text = text[: len(text) - partial_suffix(text, held)]
         for s in c.stops:
             if s in text:
                 text = text[: text.find(s)]
@@ -130,6 +131,13 @@ async def stream_chunks(host: Any, c: Completion, disconnected: Callable[[], Any
     yield "data: [DONE]\n\n"
 
 
+def stream_failure(exc: Exception) -> dict[str, Any]:
+    """A stream's last event when the engine failed: the headers are out, so it says what failed,
+    and whether the same request may simply be sent again."""
+    return {"error": {"message": f"generation failed: {exc}", "type": "server_error", "param": None,
+                      "code": "replica_lost" if isinstance(exc, ReplicaLost) else "generation_failed"}}
+
+
 async def chunk_stream(host: Any, c: Completion, disconnected: Callable[[], Any]) -> AsyncIterator[dict[str, Any]]:
     """Chunks as dicts, for every face to dress; an engine failure is one `{"error": ...}` last.
     The lease on the policy is given back when the stream ends, however it ends."""
@@ -139,17 +147,9 @@ async def chunk_stream(host: Any, c: Completion, disconnected: Callable[[], Any]
     try:
         for i in range(n):
             yield c.chunk(i, {"role": "assistant", "content": ""}, top=None if i else {"prompt_token_ids": c.prompt_ids})
-        while finished < n:
-            try:
-                kind, seq = await asyncio.wait_for(c.events.get(), timeout=1.0)
-            except asyncio.TimeoutError:
-                if await disconnected():
-                    c.gen.cancelled = True
-                    return
-                continue
-            if kind == "error":  # headers are out: the stream's last event says what failed, and if a retry may do
-                yield {"error": {"message": f"generation failed: {seq}", "type": "server_error", "param": None,
-                                 "code": "replica_lost" if isinstance(seq, ReplicaLost) else "generation_failed"}}
+        async for kind, seq in engine_events(c.gen, c.events, disconnected):
+            if kind == "error":
+                yield stream_failure(seq)
                 return
             st = streams[seq.index]
             if kind == "token":
@@ -167,6 +167,8 @@ async def chunk_stream(host: Any, c: Completion, disconnected: Callable[[], Any]
                                      "type": "server_error", "param": None, "code": "session_not_recorded"}}
                     return
             yield chunk
+            if finished == n:
+                return
     finally:
         if finished < n:
             c.gen.cancelled = True

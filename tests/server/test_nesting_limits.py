@@ -101,7 +101,7 @@ def test_deep_tool_use_input_on_messages_is_a_400_naming_it(server):
 # ---- any body -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages", "/inference/v1/generate",
-                                  "/v1/sessions/s-1/chat/completions", "/v1/runs", f"/v1/runs/{RUN}/jobs", f"/v1/runs/{RUN}/session-jobs",
+                                  "/v1/completions", "/v1/sessions/s-1/chat/completions", "/v1/runs", f"/v1/runs/{RUN}/jobs", f"/v1/runs/{RUN}/session-jobs",
                                   f"/v1/runs/{RUN}/log", f"/v1/runs/{RUN}/checkpoints/prune",
                                   f"/v1/runs/{RUN}/adapters/retain"])
 @pytest.mark.parametrize("depth", [100_000, MAX_BODY_DEPTH + 1])

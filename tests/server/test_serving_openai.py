@@ -1,6 +1,6 @@
 """The OpenAI-compatible serving path end to end: a real art-server on loopback, real clients
 (the `openai` SDK sync/async/streaming, litellm, raw httpx), checked against an in-process
-transformers copy of the same model."""
+transformers copy of the same model; last, the legacy text completions route (`/v1/completions`)."""
 
 from __future__ import annotations
 
@@ -476,3 +476,130 @@ def test_models_route_lists_the_base_model(client):
     names = [m.id for m in models.data]
     assert MODEL in names
     assert extra(models.data[names.index(MODEL)], "max_model_len") == 2048
+
+
+# ---- 7. legacy text completions: raw text continued without the template, echo's prompt logprobs as
+# lm-eval reads them, batches, streaming, and one-line 400s after which the server goes on serving --
+
+PROMPT = "A list of fruits: apple, pear,"
+
+
+def full_forward_logprobs(model, ids: list[int]) -> list[float]:
+    """Each token's logprob given the tokens before it (from the second on), at temperature 1."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    lp = torch.log_softmax(logits[:-1], dim=-1)
+    return lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+def test_text_is_continued_without_the_template_and_scored_like_a_forward_pass(client, tok, ref_model):
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0, logprobs=3)
+    [choice] = r.choices
+    prompt_ids, ids = choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
+    assert prompt_ids == tok.encode(PROMPT)  # no template around it
+    lp = choice.logprobs
+    assert lp.tokens == [tok.decode([t]) for t in ids]
+    # Greedy reports temperature-1 logprobs: those of one forward pass over prompt and completion.
+    want = full_forward_logprobs(ref_model, prompt_ids + ids)[len(prompt_ids) - 1:]
+    assert lp.token_logprobs == pytest.approx(want, abs=1e-4)
+    for token, top, offset in zip(lp.tokens, lp.top_logprobs, lp.text_offset):
+        assert max(top, key=top.get) == token  # greedy: the likeliest, as lm-eval's is_greedy checks
+        assert 2 <= len(top) <= 4
+        if token not in tok.all_special_tokens:  # a closing stop token is not in the text
+            assert choice.text[offset:offset + len(token)] == token
+    assert r.usage.prompt_tokens == len(prompt_ids) and r.usage.completion_tokens == len(ids)
+
+
+def test_token_prompt_samples_what_chat_samples(client):
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}],
+                                          max_tokens=12, seed=7, temperature=1.0)
+    prompt = chat.model_extra["prompt_token_ids"]
+    [want] = chat.choices
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, seed=7, temperature=1.0, logprobs=0)
+    [choice] = r.choices
+    assert choice.model_extra["token_ids"] == want.model_extra["token_ids"]
+    assert choice.logprobs.token_logprobs == pytest.approx([e.logprob for e in want.logprobs.content], abs=1e-5)
+    assert choice.model_extra["sampling"]["prompt_fingerprint"] == want.model_extra["sampling"]["prompt_fingerprint"]
+
+
+def test_echo_scores_the_prompt_as_lm_eval_reads_it(client, ref_model):
+    """lm-eval's loglikelihood: echo a context and its continuation, read the continuation's logprobs."""
+    sampled = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=3,
+                                        logprobs=0).choices[0]
+    context = sampled.model_extra["prompt_token_ids"]
+    ids = context + sampled.model_extra["token_ids"]
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1)
+    [choice] = r.choices
+    lp = choice.logprobs
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing predicts the first token
+    assert lp.token_logprobs[1:] == pytest.approx(full_forward_logprobs(ref_model, ids), abs=1e-4)
+    # What was sampled scores as it was sampled, so a continuation's likelihood is the sampler's.
+    assert lp.token_logprobs[len(context):] == pytest.approx(sampled.logprobs.token_logprobs, abs=1e-4)
+    assert choice.model_extra["token_ids"] == [] and choice.finish_reason == "length"
+    assert choice.text == PROMPT + sampled.text and r.usage.completion_tokens == 0
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, echo=True, temperature=0, logprobs=0)
+    text, lp = echoed.choices[0].text, echoed.choices[0].logprobs
+    assert text.startswith(PROMPT) and len(lp.tokens) == len(context) + 4
+    assert [text[o:o + len(t)] for o, t in zip(lp.text_offset, lp.tokens)] == lp.tokens
+    # A character over several byte tokens: whole tokens still start where their text does.
+    unicode = "Café ☕, naïve 日本"
+    lp = client.completions.create(model=MODEL, prompt=unicode, max_tokens=0, echo=True, logprobs=0).choices[0].logprobs
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] < len(unicode)
+    whole = [(o, t) for o, t in zip(lp.text_offset, lp.tokens) if "\ufffd" not in t]
+    assert whole and all(unicode[o:o + len(t)] == t for o, t in whole)
+
+
+def test_a_batch_gives_n_choices_per_prompt_in_order(client, tok):
+    prompts = ["One, two,", "Red, green,"]
+    r = client.completions.create(model=MODEL, prompt=prompts, max_tokens=5, n=2, seed=1)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.model_extra["prompt_token_ids"] for c in r.choices] == [tok.encode(p) for p in prompts for _ in "ab"]
+    assert r.usage.prompt_tokens == sum(len(tok.encode(p)) for p in prompts)
+    assert r.usage.completion_tokens == sum(len(c.model_extra["token_ids"]) for c in r.choices)
+
+
+def test_stream_joins_to_the_text_it_would_have_answered(client):
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=[" pear"])
+    want = client.completions.create(**kw).choices[0]
+    text, finish, ids, usage = "", None, [], None
+    for chunk in client.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        if not chunk.choices:
+            usage = chunk.usage
+            continue
+        text += chunk.choices[0].text
+        ids += chunk.choices[0].model_extra["token_ids"]
+        finish = chunk.choices[0].finish_reason or finish
+    assert (text, finish, ids) == (want.text, want.finish_reason, want.model_extra["token_ids"])
+    assert " pear" not in text and usage.completion_tokens == len(ids)
+
+
+def test_litellm_text_completion(server, client):
+    import litellm
+
+    kw = dict(prompt=PROMPT, max_tokens=8, temperature=0)
+    want = client.completions.create(model=MODEL, **kw).choices[0].text
+    resp = litellm.text_completion(model="text-completion-openai/" + MODEL, api_base=server.url + "/v1", api_key="x",
+                                   **kw)
+    assert resp.choices[0].text == want
+
+
+@pytest.mark.parametrize("body, names", [
+    ({"prompt": ""}, "prompt is empty"),
+    ({"prompt": []}, "at least one token"),
+    ({"prompt": [10**9]}, "not a token id"),
+    ({"prompt": ["a", [1, 2]]}, "prompt"),
+    ({"prompt": "x", "max_tokens": 0}, "only meaningful with echo"),
+    ({"prompt": "x", "suffix": "y"}, "suffix"),
+    ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "logit_bias": {"5": 3}}, "logit_bias"),
+    ({"prompt": "x", "top_k": 5}, "top_k"),
+    ({"prompt": ["a", "b"], "stream": True}, "one prompt"),
+    ({"prompt": "x " * 5000}, "context window"),
+    ({"prompt": "x", "model": "nope"}, "does not exist"),
+])
+def test_bad_requests_get_one_line_errors_and_serving_goes_on(server, client, body, names):
+    r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, **body}, timeout=60)
+    assert r.status_code in (400, 404), r.text
+    message = r.json()["error"]["message"]
+    assert names in message and "\n" not in message
+    assert client.completions.create(model=MODEL, prompt="ok", max_tokens=1).choices[0].finish_reason

@@ -111,6 +111,8 @@ def test_another_tenants_run_cannot_be_sampled(tenants, model):
     assert served and "alice" not in served
     with pytest.raises(openai.NotFoundError):
         bob.responses.create(model=model, input="Hi", max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        bob.completions.create(model=model, prompt="Hi", max_tokens=2)
     with pytest.raises(anthropic.NotFoundError):
         anthropic.Anthropic(base_url=srv.url, api_key=BOB, max_retries=0).messages.create(
             model=model, max_tokens=2, messages=messages)
@@ -122,9 +124,11 @@ def test_another_tenants_run_cannot_be_sampled(tenants, model):
             model=model, messages=messages, max_tokens=2)
     # Its owner and the admin sample from it.
     for key in (ALICE, ADMIN):
-        out = openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0).chat.completions.create(
-            model=model, messages=messages, max_tokens=2)
+        owner = openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0)
+        out = owner.chat.completions.create(model=model, messages=messages, max_tokens=2)
         assert out.choices[0].message is not None
+        echoed = owner.completions.create(model=model, prompt="Hi there", max_tokens=0, echo=True, logprobs=0)
+        assert echoed.choices[0].logprobs.token_logprobs[1] < 0  # scored under the step's adapter
 
 
 def test_the_owner_and_the_admin_see_the_run(tenants):

@@ -1,0 +1,249 @@
+"""`POST /v1/completions`: OpenAI's legacy text completion, as vLLM serves it to clients that
+continue raw text (lm-eval's `local-completions`, a base model's evaluations, `litellm.text_completion`).
+
+The prompt is continued as sent, with no chat template: text is encoded with the tokenizer's special
+tokens (a BOS where the model adds one), token ids are taken as they are. A batch of prompts gives
+`n` choices per prompt, prompt by prompt. Besides OpenAI's shape each choice carries `token_ids`,
+`prompt_token_ids` and its `sampling` record, as a chat choice does. `logprobs: k` gives the legacy
+logprobs object (each token, its logprob at the sampling temperature, the k likeliest beside it and
+its offset in `text`); with `echo` the prompt comes back in front of the text, and with both, each
+prompt token's logprob given the tokens before it (the first has none), as lm-eval scores a
+continuation. `max_tokens: 0` with `echo` samples nothing and only scores the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from server.api.auth import require_api_key
+from server.api.deps import State
+from server.api.errors import documented
+from server.api.limits import GuardedRoute
+from server.api.logprobs_routes import scorable
+from server.api.text_completions_schemas import TextCompletionRequest
+from server.engine.base import DecodeSequence
+from server.engine.sampling import SamplingParams
+from server.model import scoring
+from server.request_errors import APIError
+from server.sampling.choices import output_text, sampling_info
+from server.sampling.engine_requests import (Disconnected, acquire_policy, check_params, engine_events, room,
+                                             submit, wait_finished)
+from server.sampling.served_names import Policy
+from server.sampling.streaming import partial_suffix, sse, stream_failure
+from server.state import ServerState
+
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
+                   responses=documented(401, 503))
+
+Logprobs = dict[str, list[Any]]  # the legacy object: tokens, token_logprobs, top_logprobs, text_offset
+
+
+def _token_ids(state: ServerState, prompt: str | list[int], param: str) -> list[int]:
+    vocab = state.host.vocab_size
+    ids = state.host.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    if not ids:
+        raise APIError(400, f"{param} is empty: there is nothing to continue", param=param, code="invalid_value")
+    bad = next((t for t in ids if t >= vocab), None)
+    if bad is not None:
+        raise APIError(400, f"{param}: {bad} is not a token id of this model (its vocabulary has {vocab})",
+                       param=param, code="invalid_token_ids")
+    return ids
+
+
+def _sampling_params(state: ServerState, body: TextCompletionRequest, prompt_len: int, param: str) -> SamplingParams:
+    left = room(state, prompt_len, param)
+    # None is vLLM's "the rest of the window"; a budget past the window is clamped and ends with "length".
+    max_tokens = left if body.max_tokens is None else min(body.max_tokens, left)
+    params = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens, stop=body.stop,
+                            seed=body.seed, top_logprobs=body.logprobs or 0)
+    if max_tokens:
+        check_params(state, params)
+    return params
+
+
+def _legacy_logprobs(state: ServerState, ids: list[int], logprobs: list[float | None],
+                     tops: list[list[tuple[int, float]] | None], before: list[int]) -> Logprobs:
+    """Each token's text, logprob, likeliest alternatives (the token itself among them, as vLLM and
+    lm-eval's greedy check read them) and offset in the choice's text, which `before` (ids already in
+    it) starts."""
+    tok = state.host.tokenizer
+    texts = [tok.decode([t]) for t in ids]
+    offsets = _text_offsets(tok, before + ids)[len(before):]
+    top = [None if lp is None else {**{tok.decode([i]): v for i, v in (k or [])}, text: lp}
+           for text, lp, k in zip(texts, logprobs, tops)]
+    return {"tokens": texts, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def _text_offsets(tok: Any, ids: list[int], context: int = 6) -> list[int]:
+    """Where each token starts in the text of `ids`: a character split across byte tokens starts where
+    its first token does, and counts once its last has come. Each token's length is told apart from
+    the few before it, not from the whole prefix (a tokenizer that trims the first token's space trims
+    both decodes alike), so a long echoed prompt costs linear time, not quadratic."""
+    def length(a: int, b: int) -> int:  # an incomplete character at the end decodes as U+FFFD: not yet
+        return len(tok.decode(ids[a:b], skip_special_tokens=True).rstrip("\ufffd"))
+
+    offsets, at = [], 0
+    for i in range(len(ids)):
+        offsets.append(at)
+        lo = max(0, i - context)
+        at += length(lo, i + 1) - length(lo, i)
+    return offsets
+
+
+def _merged(a: Logprobs | None, b: Logprobs) -> Logprobs:
+    return b if a is None else {k: a[k] + b[k] for k in b}
+
+
+async def _prompt_logprobs(state: ServerState, policy: Policy, ids: list[int], params: SamplingParams,
+                           k: int) -> Logprobs:
+    """The echoed prompt's logprobs, each token given those before it, at the sampling temperature."""
+    scorable(state, policy)
+    lps: list[float | None] = [None]
+    tops: list[list[tuple[int, float]] | None] = [None]
+    if len(ids) > 1:
+        temperatures = [[params.logprob_temperature] * (len(ids) - 1)]
+        [scored] = await asyncio.to_thread(scoring.score, state.host, policy.adapter, [(ids, 1)], k, 8192,
+                                           temperatures)
+        lps += scored.logprobs
+        tops += scored.top or [None] * len(scored.logprobs)
+    return _legacy_logprobs(state, ids, lps, tops, [])
+
+
+class _Prompt:
+    """One prompt of the batch: its ids, text and sampling, and what its echo puts before each choice."""
+
+    def __init__(self, state: ServerState, body: TextCompletionRequest, prompt: str | list[int], param: str):
+        self.ids = _token_ids(state, prompt, param)
+        tok = state.host.tokenizer
+        self.text = prompt if isinstance(prompt, str) else tok.decode(self.ids, skip_special_tokens=True)
+        self.params = _sampling_params(state, body, len(self.ids), param)
+        self.echo_text = self.text if body.echo else ""
+        self.echo_logprobs: Logprobs | None = None
+
+    async def echo(self, state: ServerState, policy: Policy, body: TextCompletionRequest) -> None:
+        if body.echo and body.logprobs is not None:
+            self.echo_logprobs = await _prompt_logprobs(state, policy, self.ids, self.params, body.logprobs)
+
+
+def _choice(state: ServerState, body: TextCompletionRequest, p: _Prompt, index: int, seq: DecodeSequence | None,
+            sampling: dict[str, Any]) -> dict[str, Any]:
+    ids = list(seq.token_ids) if seq else []
+    logprobs = None
+    if body.logprobs is not None:
+        sampled = (_legacy_logprobs(state, ids, list(seq.logprobs), list(seq.top_logprobs or [None] * len(ids)),
+                                    p.ids if body.echo else []) if seq else None)
+        logprobs = _merged(p.echo_logprobs, sampled) if sampled else p.echo_logprobs
+    return {"index": index, "text": p.echo_text + (output_text(state.host.chat, seq) if seq else ""),
+            "logprobs": logprobs, "finish_reason": (seq.finish_reason or "stop") if seq else "length",
+            "token_ids": ids, "prompt_token_ids": p.ids, "sampling": sampling}
+
+
+async def _sequences(state: ServerState, policy: Policy, p: _Prompt, n: int,
+                     disconnected: Disconnected) -> list[DecodeSequence | None]:
+    if not p.params.max_tokens:  # echo alone: the prompt is scored, nothing sampled
+        return [None] * n
+    gen, events = submit(state, policy, p.ids, p.params, n=n)
+    await wait_finished(gen, events, disconnected)
+    return list(gen.sequences)
+
+
+@router.post("/v1/completions", responses=documented(404, 409))
+async def completions(body: TextCompletionRequest, request: Request, state: State):
+    policy = await acquire_policy(state, body.model, require_api_key(request))
+    batch = body.prompts()
+    try:
+        prompts = [_Prompt(state, body, prompt, "prompt" if len(batch) == 1 else f"prompt[{i}]")
+                   for i, prompt in enumerate(batch)]
+        for p in prompts:
+            await p.echo(state, policy, body)
+        head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
+                "model": body.model}
+        if body.stream:
+            released, policy = policy, None  # the stream gives it back when it ends
+            return StreamingResponse(_stream(state, body, prompts[0], released, head, request.is_disconnected),
+                                     media_type="text/event-stream")
+        choices, completion_tokens = [], 0
+        for i, p in enumerate(prompts):
+            sampling = sampling_info(state.host, policy, p.params, p.ids, None)
+            for seq in await _sequences(state, policy, p, body.n, request.is_disconnected):
+                choices.append(_choice(state, body, p, len(choices), seq, sampling))
+                completion_tokens += len(seq.token_ids) if seq else 0
+    finally:
+        if policy is not None:
+            state.runs.release(policy)
+    prompt_tokens = sum(len(p.ids) for p in prompts)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens}
+    return {**head, "choices": choices, "usage": usage}
+
+
+async def _stream(state: ServerState, body: TextCompletionRequest, p: _Prompt, policy: Policy, head: dict[str, Any],
+                  disconnected: Disconnected) -> AsyncIterator[str]:
+    """Text deltas per choice; a stop string's first characters are held back until they are known
+    not to start one. The lease on the policy is given back when the stream ends, however it ends."""
+    sampling = sampling_info(state.host, policy, p.params, p.ids, None)
+    sent_text, sent_tokens = [""] * body.n, [0] * body.n
+
+    def chunk(index: int, text: str, finish: str | None = None, **extra: Any) -> str:
+        return sse({**head, "choices": [{"index": index, "text": text, "finish_reason": finish, **extra}]})
+
+    def delta(seq: DecodeSequence, final: bool) -> dict[str, Any]:
+        # The engine thread may be appending to `seq`: only tokens whose every list is complete.
+        i = seq.index
+        end = len(seq.token_ids) if final else len(seq.top_logprobs) if body.logprobs else len(seq.logprobs)
+        text = output_text(state.host.chat, seq) if final else state.host.chat.text(seq.token_ids[:end])
+        if not final:
+            text = text.rstrip("\ufffd")  # an incomplete UTF-8 character: wait for the rest
+            text = text[: len(text) - partial_suffix(text, body.stop)]
+        ids = list(seq.token_ids[sent_tokens[i]:end])
+        out: dict[str, Any] = {"text": text[len(sent_text[i]):] if text.startswith(sent_text[i]) else "",
+                               "token_ids": ids, "logprobs": None}
+        if body.logprobs is not None:
+            tops = seq.top_logprobs[sent_tokens[i]:end] if body.logprobs else [None] * len(ids)
+            out["logprobs"] = _legacy_logprobs(state, ids, seq.logprobs[sent_tokens[i]:end], tops,
+                                               (p.ids if body.echo else []) + list(seq.token_ids[:sent_tokens[i]]))
+        sent_text[i] += out["text"]
+        sent_tokens[i] = end
+        return out
+
+    finished, gen = 0, None
+    try:
+        for i in range(body.n):
+            if body.echo:
+                yield chunk(i, p.echo_text, logprobs=p.echo_logprobs, prompt_token_ids=p.ids)
+        if not p.params.max_tokens:
+            for i in range(body.n):
+                yield chunk(i, "", "length", token_ids=[], sampling=sampling)
+            finished = body.n
+        else:
+            gen, events = submit(state, policy, p.ids, p.params, n=body.n, stream=True)
+            async for kind, seq in engine_events(gen, events, disconnected):
+                if kind == "error":
+                    yield sse(stream_failure(seq))
+                    return
+                if kind == "token":
+                    if seq.finish_reason is None and (d := delta(seq, final=False))["token_ids"]:
+                        yield chunk(seq.index, **d)
+                    continue
+                finished += 1
+                yield chunk(seq.index, finish=seq.finish_reason or "stop", sampling=sampling, **delta(seq, final=True))
+                if finished == body.n:
+                    break
+            else:
+                return  # the client went away
+        if (body.stream_options or {}).get("include_usage"):
+            completion_tokens = sum(sent_tokens)
+            yield sse({**head, "choices": [], "usage": {"prompt_tokens": len(p.ids),
+                                                        "completion_tokens": completion_tokens,
+                                                        "total_tokens": len(p.ids) + completion_tokens}})
+        yield "data: [DONE]\n\n"
+    finally:
+        if gen is not None and finished < body.n:
+            gen.cancelled = True
+        state.runs.release(policy)

@@ -1,0 +1,70 @@
+"""The request of `POST /v1/completions`, OpenAI's legacy text completion as vLLM serves it: a prompt
+as text or token ids (or a batch of either), continued without a chat template.
+
+As on the chat route, keys that would change the distribution sampled from are refused unless
+neutral (server/sampling/chat_request.py's NEUTRAL, logit_bias), and unknown keys are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Union
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from protocol.choices import INT64
+from protocol.logprobs import MAX_TOP_K
+from server.sampling.chat_request import MAX_N, LogitBias, NeutralKnobs, Stops
+
+TokenIds = list[Annotated[int, Field(ge=0, le=INT64)]]
+
+
+class TextCompletionRequest(NeutralKnobs):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(max_length=300)
+    prompt: Union[str, TokenIds, list[str], list[TokenIds]]
+    # OpenAI's and vLLM's default; 0 only with echo (the prompt's logprobs, as lm-eval asks for them).
+    max_tokens: int | None = Field(default=16, ge=0, le=INT64)
+    temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stop: Stops = Field(default=None, validate_default=True)
+    seed: int | None = Field(default=None, ge=-(2**63), le=INT64)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_K)  # the k likeliest beside each token
+    echo: bool = False
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+    logit_bias: LogitBias = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
+            raise ValueError("a prompt needs at least one token")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> None:
+        if v:
+            raise ValueError("suffix (insertion) is not supported: the model continues the prompt only")
+        return None
+
+    @model_validator(mode="after")
+    def _check(self) -> "TextCompletionRequest":
+        if self.best_of not in (None, self.n):
+            raise ValueError("best_of is not supported: every sample is returned (use n)")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 generates nothing; it is only meaningful with echo")
+        if self.stream and len(self.prompts()) > 1:
+            raise ValueError("a streamed request takes one prompt; send the others as requests of their own")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch, one prompt (text or token ids) per entry."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
