@@ -53,7 +53,7 @@ ADAM_BETAS, ADAM_EPS, MAX_GRAD_NORM = (0.9, 0.99), 1e-8, 1.0  # server/runs/run.
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # TrainConfig's PPO clip
 # At 4 prompts x 8 per step, the best of 1.3e-3 (art-server's default before it stopped extrapolating
 # the Llama fit), 4.9e-4 (its default now) and 2e-4 over 16 steps: the higher two collapse the
-# policy's entropy within 8-12 steps (figures in the README).
+# policy's entropy within 8-12 steps (figures in docs/learning.md).
 LEARNING_RATE = 2e-4
 
 # Every term in which the two GRPO steps still differ after the settings above.
@@ -358,7 +358,7 @@ def add_run_options(ap: argparse.ArgumentParser, max_tokens_help: str | None = N
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--prompts-per-step", type=int, default=4)
     ap.add_argument("--lr", type=float, default=LEARNING_RATE,
-                    help="both trainers' (art-server's own default for SmolLM2 is 4.9e-4; see the README)")
+                    help="both trainers' (art-server's own default for SmolLM2 is 4.9e-4; see docs/learning.md)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-tokens", type=int, default=8, help=max_tokens_help)
     ap.add_argument("--reward", default=learn_task.REWARD, choices=sorted(learn_task.REWARDS),
