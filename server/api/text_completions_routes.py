@@ -74,25 +74,26 @@ def _legacy_logprobs(state: ServerState, ids: list[int], logprobs: list[float | 
     it) starts."""
     tok = state.host.tokenizer
     texts = [tok.decode([t]) for t in ids]
-    offsets = _text_offsets(tok, before + ids)[len(before):]
+    offsets = _text_offsets(tok, ids, before)
     top = [None if lp is None else {**{tok.decode([i]): v for i, v in (k or [])}, text: lp}
            for text, lp, k in zip(texts, logprobs, tops)]
     return {"tokens": texts, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
-def _text_offsets(tok: Any, ids: list[int], context: int = 6) -> list[int]:
-    """Where each token starts in the text of `ids`: a character split across byte tokens starts where
-    its first token does, and counts once its last has come. Each token's length is told apart from
-    the few before it, not from the whole prefix (a tokenizer that trims the first token's space trims
-    both decodes alike), so a long echoed prompt costs linear time, not quadratic."""
-    def length(a: int, b: int) -> int:  # an incomplete character at the end decodes as U+FFFD: not yet
-        return len(tok.decode(ids[a:b], skip_special_tokens=True).rstrip("\ufffd"))
+def _text_offsets(tok: Any, ids: list[int], before: list[int], context: int = 6) -> list[int]:
+    """Where each of `ids` starts in the text of `before + ids`: a character split across byte tokens
+    starts where its first token does, and counts once its last has come. Each token's length is told
+    apart from the few before it, not from the whole prefix (a tokenizer that trims the first token's
+    space trims both decodes alike), so an echoed prompt or a stream costs linear time per chunk."""
+    def length(a: list[int]) -> int:  # an incomplete character at the end decodes as U+FFFD: not yet
+        return len(tok.decode(a, skip_special_tokens=True).rstrip("\ufffd"))
 
-    offsets, at = [], 0
+    window = before[-context:]
+    offsets, at = [], length(before)
     for i in range(len(ids)):
         offsets.append(at)
-        lo = max(0, i - context)
-        at += length(lo, i + 1) - length(lo, i)
+        seen = (window + ids[:i])[-context:]
+        at += length(seen + [ids[i]]) - length(seen)
     return offsets
 
 
