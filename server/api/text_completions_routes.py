@@ -199,8 +199,9 @@ async def _stream(state: ServerState, body: TextCompletionRequest, p: _Prompt, p
         i = seq.index
         end = len(seq.token_ids) if final else len(seq.top_logprobs) if body.logprobs else len(seq.logprobs)
         text = output_text(state.host.chat, seq) if final else state.host.chat.text(seq.token_ids[:end])
-        if not final:
+        if not final:  # the engine may have sampled past a stop string it has yet to end the row on
             text = text.rstrip("\ufffd")  # an incomplete UTF-8 character: wait for the rest
+            text = min((text[:text.find(stop)] for stop in body.stop if stop in text), key=len, default=text)
             text = text[: len(text) - partial_suffix(text, body.stop)]
         ids = list(seq.token_ids[sent_tokens[i]:end])
         out: dict[str, Any] = {"text": text[len(sent_text[i]):] if text.startswith(sent_text[i]) else "",
