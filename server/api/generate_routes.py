@@ -28,7 +28,8 @@ from server.engine.base import DecodeSequence
 from server.engine.sampling import SamplingParams
 from server.request_errors import APIError
 from server.sampling.choices import sampling_info
-from server.sampling.engine_requests import acquire_policy, check_params, room, submit, wait_finished
+from server.sampling.engine_requests import (acquire_policy, check_params, check_token_ids, room, submit,
+                                             wait_finished)
 from server.state import ServerState
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
@@ -36,11 +37,7 @@ router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedR
 
 
 def _sampling_params(state: ServerState, body: GenerateRequest) -> SamplingParams:
-    vocab = state.host.vocab_size
-    bad = next((t for t in body.token_ids if t >= vocab), None)
-    if bad is not None:
-        raise APIError(400, f"token_ids: {bad} is not a token id of this model (its vocabulary has {vocab})",
-                       param="token_ids", code="invalid_token_ids")
+    check_token_ids(state, body.token_ids, "token_ids")
     sp = body.sampling_params
     stop_ids = state.host.chat.stop_ids
     foreign = sorted(set(sp.stop_token_ids) - stop_ids)
@@ -48,9 +45,7 @@ def _sampling_params(state: ServerState, body: GenerateRequest) -> SamplingParam
         raise APIError(400, f"sampling_params.stop_token_ids: {foreign} are not among the ids this model's turns "
                             f"end on ({sorted(stop_ids)}); art-server would not stop there",
                        param="sampling_params.stop_token_ids", code="unsupported_stop_token_ids")
-    left = room(state, len(body.token_ids), "token_ids")
-    # vLLM's default when max_tokens is absent: the rest of the context window.
-    max_tokens = min(sp.max_tokens, left) if sp.max_tokens else left
+    max_tokens = room(state, len(body.token_ids), "token_ids", sp.max_tokens)
     params = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, max_tokens=max_tokens, stop=sp.stop,
                             seed=sp.seed, ignore_eos=sp.ignore_eos)
     check_params(state, params)

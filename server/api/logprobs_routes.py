@@ -14,7 +14,7 @@ from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.model import scoring
 from server.request_errors import APIError
-from server.sampling.engine_requests import acquire_policy
+from server.sampling.engine_requests import acquire_policy, check_token_ids
 from server.sampling.served_names import Policy
 from server.state import ServerState
 
@@ -29,12 +29,9 @@ def scorable(state: ServerState, policy: Policy) -> None:
 
 @router.post("/v1/logprobs", responses=documented(404, 409))
 async def logprobs(body: LogprobsRequest, request: Request, state: State) -> LogprobsResponse:
-    vocab, window = state.host.vocab_size, state.host.context_window
+    window = state.host.context_window
     for i, s in enumerate(body.sequences):
-        bad = next((t for t in s.token_ids if t >= vocab), None)
-        if bad is not None:
-            raise APIError(400, f"sequences[{i}].token_ids: {bad} is not a token id of this model (its vocabulary "
-                                f"has {vocab})", param=f"sequences[{i}].token_ids", code="invalid_token_ids")
+        check_token_ids(state, s.token_ids, f"sequences[{i}].token_ids")
         if len(s.token_ids) > window:
             raise APIError(400, f"sequences[{i}] is {len(s.token_ids)} tokens, more than this model's context "
                                 f"window of {window}", param=f"sequences[{i}].token_ids",

@@ -32,10 +32,10 @@ from server.engine.sampling import SamplingParams
 from server.model import scoring
 from server.request_errors import APIError
 from server.sampling.choices import output_text, sampling_info
-from server.sampling.engine_requests import (Disconnected, acquire_policy, check_params, engine_events, room,
-                                             submit, wait_finished)
+from server.sampling.engine_requests import (Disconnected, acquire_policy, check_params, check_token_ids,
+                                             engine_events, room, submit, wait_finished)
 from server.sampling.served_names import Policy
-from server.sampling.streaming import partial_suffix, sse, stream_failure
+from server.sampling.streaming import sendable, sse, stream_failure
 from server.state import ServerState
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
@@ -45,21 +45,15 @@ Logprobs = dict[str, list[Any]]  # the legacy object: tokens, token_logprobs, to
 
 
 def _token_ids(state: ServerState, prompt: str | list[int], param: str) -> list[int]:
-    vocab = state.host.vocab_size
     ids = state.host.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
     if not ids:
         raise APIError(400, f"{param} is empty: there is nothing to continue", param=param, code="invalid_value")
-    bad = next((t for t in ids if t >= vocab), None)
-    if bad is not None:
-        raise APIError(400, f"{param}: {bad} is not a token id of this model (its vocabulary has {vocab})",
-                       param=param, code="invalid_token_ids")
+    check_token_ids(state, ids, param)
     return ids
 
 
 def _sampling_params(state: ServerState, body: TextCompletionRequest, prompt_len: int, param: str) -> SamplingParams:
-    left = room(state, prompt_len, param)
-    # None is vLLM's "the rest of the window"; a budget past the window is clamped and ends with "length".
-    max_tokens = left if body.max_tokens is None else min(body.max_tokens, left)
+    max_tokens = room(state, prompt_len, param, body.max_tokens)
     params = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens, stop=body.stop,
                             seed=body.seed, top_logprobs=body.logprobs or 0)
     if max_tokens:
@@ -67,34 +61,44 @@ def _sampling_params(state: ServerState, body: TextCompletionRequest, prompt_len
     return params
 
 
-def _legacy_logprobs(state: ServerState, ids: list[int], logprobs: list[float | None],
-                     tops: list[list[tuple[int, float]] | None], before: list[int]) -> Logprobs:
+class TextOffsets:
+    """Where each token starts in a choice's text, token after token (a stream's chunks, an echoed
+    prompt before the sampled text). A character split across byte tokens starts where its first
+    token does and counts once its last has come; each token's length is told apart from the few
+    before it (a tokenizer that trims the first token's space trims both decodes alike), so the text
+    before is decoded once, not at every token."""
+
+    CONTEXT = 6  # a UTF-8 character is at most 4 byte tokens
+
+    def __init__(self, tok: Any, before: list[int]):
+        self.tok = tok
+        self.window, self.at = before[-self.CONTEXT:], self._length(before)
+
+    def _length(self, ids: list[int]) -> int:  # an incomplete character at the end decodes as U+FFFD: not yet
+        return len(self.tok.decode(ids, skip_special_tokens=True).rstrip("\ufffd"))
+
+    def of(self, ids: list[int]) -> list[int]:
+        offsets = []
+        for t in ids:
+            offsets.append(self.at)
+            self.at += self._length(self.window + [t]) - self._length(self.window)
+            self.window = (self.window + [t])[-self.CONTEXT:]
+        return offsets
+
+
+def _legacy_logprobs(tok: Any, ids: list[int], logprobs: list[float | None],
+                     tops: list[list[tuple[int, float]] | None] | None, offsets: TextOffsets) -> Logprobs:
     """Each token's text, logprob, likeliest alternatives (the token itself among them, as vLLM and
-    lm-eval's greedy check read them) and offset in the choice's text, which `before` (ids already in
-    it) starts."""
-    tok = state.host.tokenizer
+    lm-eval's greedy check read them) and offset in the choice's text."""
     texts = [tok.decode([t]) for t in ids]
-    offsets = _text_offsets(tok, ids, before)
-    top = [None if lp is None else {**{tok.decode([i]): v for i, v in (k or [])}, text: lp}
-           for text, lp, k in zip(texts, logprobs, tops)]
-    return {"tokens": texts, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets}
+    top = [None if lp is None else {**{tok.decode([i]): v for i, v in k or []}, text: lp}
+           for text, lp, k in zip(texts, logprobs, tops or [None] * len(ids))]
+    return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": top, "text_offset": offsets.of(ids)}
 
 
-def _text_offsets(tok: Any, ids: list[int], before: list[int], context: int = 6) -> list[int]:
-    """Where each of `ids` starts in the text of `before + ids`: a character split across byte tokens
-    starts where its first token does, and counts once its last has come. Each token's length is told
-    apart from the few before it, not from the whole prefix (a tokenizer that trims the first token's
-    space trims both decodes alike), so an echoed prompt or a stream costs linear time per chunk."""
-    def length(a: list[int]) -> int:  # an incomplete character at the end decodes as U+FFFD: not yet
-        return len(tok.decode(a, skip_special_tokens=True).rstrip("\ufffd"))
-
-    window = before[-context:]
-    offsets, at = [], length(before)
-    for i in range(len(ids)):
-        offsets.append(at)
-        seen = (window + ids[:i])[-context:]
-        at += length(seen + [ids[i]]) - length(seen)
-    return offsets
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def _merged(a: Logprobs | None, b: Logprobs) -> Logprobs:
@@ -113,18 +117,18 @@ async def _prompt_logprobs(state: ServerState, policy: Policy, ids: list[int], p
                                            temperatures)
         lps += scored.logprobs
         tops += scored.top or [None] * len(scored.logprobs)
-    return _legacy_logprobs(state, ids, lps, tops, [])
+    return _legacy_logprobs(state.host.tokenizer, ids, lps, tops, TextOffsets(state.host.tokenizer, []))
 
 
 class _Prompt:
-    """One prompt of the batch: its ids, text and sampling, and what its echo puts before each choice."""
+    """One prompt of the batch: its ids and sampling, and what its echo puts before each choice."""
 
     def __init__(self, state: ServerState, body: TextCompletionRequest, prompt: str | list[int], param: str):
         self.ids = _token_ids(state, prompt, param)
-        tok = state.host.tokenizer
-        self.text = prompt if isinstance(prompt, str) else tok.decode(self.ids, skip_special_tokens=True)
         self.params = _sampling_params(state, body, len(self.ids), param)
-        self.echo_text = self.text if body.echo else ""
+        self.echo_ids = self.ids if body.echo else []
+        text = prompt if isinstance(prompt, str) else state.host.tokenizer.decode(self.ids, skip_special_tokens=True)
+        self.echo_text = text if body.echo else ""
         self.echo_logprobs: Logprobs | None = None
 
     async def echo(self, state: ServerState, policy: Policy, body: TextCompletionRequest) -> None:
@@ -134,12 +138,13 @@ class _Prompt:
 
 def _choice(state: ServerState, body: TextCompletionRequest, p: _Prompt, index: int, seq: DecodeSequence | None,
             sampling: dict[str, Any]) -> dict[str, Any]:
+    tok = state.host.tokenizer
     ids = list(seq.token_ids) if seq else []
     logprobs = None
     if body.logprobs is not None:
-        sampled = (_legacy_logprobs(state, ids, list(seq.logprobs), list(seq.top_logprobs or [None] * len(ids)),
-                                    p.ids if body.echo else []) if seq else None)
-        logprobs = _merged(p.echo_logprobs, sampled) if sampled else p.echo_logprobs
+        sampled = _legacy_logprobs(tok, ids, seq.logprobs if seq else [], seq.top_logprobs if seq else None,
+                                   TextOffsets(tok, p.echo_ids))
+        logprobs = _merged(p.echo_logprobs, sampled)
     return {"index": index, "text": p.echo_text + (output_text(state.host.chat, seq) if seq else ""),
             "logprobs": logprobs, "finish_reason": (seq.finish_reason or "stop") if seq else "length",
             "token_ids": ids, "prompt_token_ids": p.ids, "sampling": sampling}
@@ -178,10 +183,7 @@ async def completions(body: TextCompletionRequest, request: Request, state: Stat
     finally:
         if policy is not None:
             state.runs.release(policy)
-    prompt_tokens = sum(len(p.ids) for p in prompts)
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": prompt_tokens + completion_tokens}
-    return {**head, "choices": choices, "usage": usage}
+    return {**head, "choices": choices, "usage": _usage(sum(len(p.ids) for p in prompts), completion_tokens)}
 
 
 async def _stream(state: ServerState, body: TextCompletionRequest, p: _Prompt, policy: Policy, head: dict[str, Any],
@@ -189,27 +191,25 @@ async def _stream(state: ServerState, body: TextCompletionRequest, p: _Prompt, p
     """Text deltas per choice; a stop string's first characters are held back until they are known
     not to start one. The lease on the policy is given back when the stream ends, however it ends."""
     sampling = sampling_info(state.host, policy, p.params, p.ids, None)
+    tok = state.host.tokenizer
     sent_text, sent_tokens = [""] * body.n, [0] * body.n
+    offsets = [TextOffsets(tok, p.echo_ids) for _ in range(body.n)]
 
     def chunk(index: int, text: str, finish: str | None = None, **extra: Any) -> str:
         return sse({**head, "choices": [{"index": index, "text": text, "finish_reason": finish, **extra}]})
 
     def delta(seq: DecodeSequence, final: bool) -> dict[str, Any]:
         # The engine thread may be appending to `seq`: only tokens whose every list is complete.
-        i = seq.index
+        i, sent = seq.index, sent_tokens[seq.index]
         end = len(seq.token_ids) if final else len(seq.top_logprobs) if body.logprobs else len(seq.logprobs)
-        text = output_text(state.host.chat, seq) if final else state.host.chat.text(seq.token_ids[:end])
-        if not final:  # the engine may have sampled past a stop string it has yet to end the row on
-            text = text.rstrip("\ufffd")  # an incomplete UTF-8 character: wait for the rest
-            text = min((text[:text.find(stop)] for stop in body.stop if stop in text), key=len, default=text)
-            text = text[: len(text) - partial_suffix(text, body.stop)]
-        ids = list(seq.token_ids[sent_tokens[i]:end])
+        text = (output_text(state.host.chat, seq) if final
+                else sendable(state.host.chat.text(seq.token_ids[:end]), body.stop))
+        ids = list(seq.token_ids[sent:end])
         out: dict[str, Any] = {"text": text[len(sent_text[i]):] if text.startswith(sent_text[i]) else "",
                                "token_ids": ids, "logprobs": None}
         if body.logprobs is not None:
-            tops = seq.top_logprobs[sent_tokens[i]:end] if body.logprobs else [None] * len(ids)
-            out["logprobs"] = _legacy_logprobs(state, ids, seq.logprobs[sent_tokens[i]:end], tops,
-                                               (p.ids if body.echo else []) + list(seq.token_ids[:sent_tokens[i]]))
+            out["logprobs"] = _legacy_logprobs(tok, ids, seq.logprobs[sent:end], seq.top_logprobs[sent:end],
+                                               offsets[i])
         sent_text[i] += out["text"]
         sent_tokens[i] = end
         return out
@@ -240,10 +240,7 @@ async def _stream(state: ServerState, body: TextCompletionRequest, p: _Prompt, p
             else:
                 return  # the client went away
         if (body.stream_options or {}).get("include_usage"):
-            completion_tokens = sum(sent_tokens)
-            yield sse({**head, "choices": [], "usage": {"prompt_tokens": len(p.ids),
-                                                        "completion_tokens": completion_tokens,
-                                                        "total_tokens": len(p.ids) + completion_tokens}})
+            yield sse({**head, "choices": [], "usage": _usage(len(p.ids), sum(sent_tokens))})
         yield "data: [DONE]\n\n"
     finally:
         if gen is not None and finished < body.n:

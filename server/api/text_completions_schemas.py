@@ -1,42 +1,28 @@
 """The request of `POST /v1/completions`, OpenAI's legacy text completion as vLLM serves it: a prompt
-as text or token ids (or a batch of either), continued without a chat template.
-
-As on the chat route, keys that would change the distribution sampled from are refused unless
-neutral (server/sampling/chat_request.py's NEUTRAL, logit_bias), and unknown keys are ignored.
-"""
+as text or token ids (or a batch of either), continued without a chat template, sampled as a chat
+completion is (server/sampling/chat_request.py's OpenAISampling: its bounds and refusals)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Union
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from protocol.choices import INT64
 from protocol.logprobs import MAX_TOP_K
-from server.sampling.chat_request import MAX_N, LogitBias, NeutralKnobs, Stops
+from server.sampling.chat_request import OpenAISampling
 
 TokenIds = list[Annotated[int, Field(ge=0, le=INT64)]]
 
 
-class TextCompletionRequest(NeutralKnobs):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = Field(max_length=300)
+class TextCompletionRequest(OpenAISampling):
     prompt: Union[str, TokenIds, list[str], list[TokenIds]]
     # OpenAI's and vLLM's default; 0 only with echo (the prompt's logprobs, as lm-eval asks for them).
     max_tokens: int | None = Field(default=16, ge=0, le=INT64)
-    temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
-    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    stop: Stops = Field(default=None, validate_default=True)
-    seed: int | None = Field(default=None, ge=-(2**63), le=INT64)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_K)  # the k likeliest beside each token
     echo: bool = False
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
     best_of: int | None = None
     suffix: str | None = None
-    logit_bias: LogitBias = None
 
     @field_validator("prompt")
     @classmethod

@@ -163,31 +163,36 @@ ToolChoice = Annotated[Any, WithJsonSchema({"anyOf": [
     {"type": "null"}]})]
 
 
-class ChatCompletionRequest(NeutralKnobs):
-    # Unknown parameters (user, metadata, store, ...) are accepted and ignored; those that would
-    # change the distribution sampled from are refused unless neutral (NEUTRAL, logit_bias).
+class OpenAISampling(NeutralKnobs):
+    """How OpenAI's chat and text completions both sample, bounded alike. Unknown parameters (user,
+    metadata, store, ...) are accepted and ignored; those that would change the distribution sampled
+    from are refused unless neutral (NEUTRAL, logit_bias)."""
+
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(max_length=300)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    stop: Stops = Field(default=None, validate_default=True)
+    seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # OpenAI's int64
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    logit_bias: LogitBias = None
+
+
+class ChatCompletionRequest(OpenAISampling):
     messages: Messages = Field(min_length=1)
     tools: list[ToolSpec] | None = Field(default=None, max_length=128)
     tool_choice: ToolChoice = None
     parallel_tool_calls: bool = True  # False: at most one call (honoured when tool_choice forces a call)
     response_format: ResponseFormat | None = None
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
-    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
     max_tokens: int | None = Field(default=None, ge=1, le=INT64)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64)
-    stop: Stops = Field(default=None, validate_default=True)
-    seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # OpenAI's int64
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
-    logit_bias: LogitBias = None
 
     @field_validator("messages")
     @classmethod

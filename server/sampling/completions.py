@@ -61,10 +61,7 @@ def _prompt(state: ServerState, body: ChatCompletionRequest) -> RenderedPrompt:
 
 
 def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len: int) -> SamplingParams:
-    left = room(state, prompt_len, "messages")
-    budget = body.token_budget()
-    # A budget past the window is clamped, not refused: the choice then ends with "length".
-    max_tokens = min(budget, left) if budget else left
+    max_tokens = room(state, prompt_len, "messages", body.token_budget())
     try:
         constraint = constraint_for(state.host.chat, body.response_format, body.tool_choice, body.tools,
                                     body.parallel_tool_calls)

@@ -45,16 +45,26 @@ async def acquire_policy(state: ServerState, model: str, who: Caller) -> Policy:
                        param="model", code="model_not_found")
 
 
-def room(state: ServerState, prompt_len: int, param: str) -> int:
-    """How many tokens may be generated after a prompt of `prompt_len`; a 400 naming `param` when
-    not even one fits."""
+def check_token_ids(state: ServerState, ids: list[int], param: str) -> None:
+    """A 400 naming `param` for an id outside this model's vocabulary."""
+    vocab = state.host.vocab_size
+    bad = next((t for t in ids if t >= vocab), None)
+    if bad is not None:
+        raise APIError(400, f"{param}: {bad} is not a token id of this model (its vocabulary has {vocab})",
+                       param=param, code="invalid_token_ids")
+
+
+def room(state: ServerState, prompt_len: int, param: str, budget: int | None = None) -> int:
+    """How many tokens may be generated after a prompt of `prompt_len`: `budget`, or without one
+    (vLLM's default) the rest of the context window. A budget past the window is clamped, not
+    refused: the choice then ends with "length". A 400 naming `param` when not even one token fits."""
     window = state.host.context_window
     left = window - prompt_len
     if left <= 0:
         raise APIError(400, f"the prompt is {prompt_len} tokens, {prompt_len - window + 1} more than fit in this "
                             f"model's context window of {window} (with room for one generated token)",
                        param=param, code="context_length_exceeded")
-    return left
+    return left if budget is None else min(budget, left)
 
 
 def check_params(state: ServerState, params: SamplingParams) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from server.chat.format import ChatFormat
 from server.engine.base import DecodeSequence, GenRequest, ReplicaLost
@@ -47,12 +47,23 @@ class Completion:
                 "choices": [{"index": index, "delta": delta, "finish_reason": finish, **extra}], **(top or {})}
 
 
-def partial_suffix(text: str, needles: list[str]) -> int:
+def _partial_suffix(text: str, needles: list[str]) -> int:
     """How many trailing characters of `text` might begin one of `needles`."""
     for k in range(min(max((len(n) for n in needles), default=1) - 1, len(text)), 0, -1):
         if any(n.startswith(text[-k:]) for n in needles):
             return k
     return 0
+
+
+def sendable(text: str, stops: list[str], held: Sequence[str] = ()) -> str:
+    """What of a row's text so far is safe to stream: no incomplete UTF-8 character, nothing from a
+    stop string on (the engine may have sampled past one it has yet to end the row on), and no tail
+    that may begin a stop string or one of `held` (the tags a parser reads)."""
+    text = text.rstrip("\ufffd")
+    for stop in stops:
+        if stop in text:
+            text = text[: text.find(stop)]
+    return text[: len(text) - _partial_suffix(text, [*stops, *held])]
 
 
 @dataclass
@@ -66,16 +77,10 @@ class ChoiceStream:
 
     def visible(self, chat: ChatFormat, text: str, c: Completion) -> tuple[str, str]:
         """(reasoning, content) that are safe to send: no partial tag, stop string or character."""
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
-            text = text[:-1]
-        held = [*c.stops, *chat.kept_ids.values(), *(chat.tool_parser.markers if c.tools_enabled else ())]
         p = chat.reasoning_parser
-        if p is not None:
-            held += list(p.markers)
-        text = text[: len(text) - partial_suffix(text, held)]
-        for s in c.stops:
-            if s in text:
-                text = text[: text.find(s)]
+        held = [*chat.kept_ids.values(), *(chat.tool_parser.markers if c.tools_enabled else ()),
+                *(p.markers if p is not None else ())]
+        text = sendable(text, c.stops, held)
         reasoning, content = "", text
         if p is not None and (p.end in text or chat.reasoning_opened or text.lstrip().startswith(p.start)):
             if p.end in text:

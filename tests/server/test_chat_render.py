@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import ROOT
-from server.sampling.streaming import partial_suffix
+from server.sampling.streaming import _partial_suffix
 from server.chat.format import ChatFormat
 from server.chat.parsers import HermesParser
 from server.chat.sampled_turns import SampledTurn, SampledTurns, fingerprint
@@ -33,7 +33,7 @@ def parse_tool_calls(text: str, tools_enabled: bool = True):
 
 
 def held_back_suffix(text: str) -> int:
-    return partial_suffix(text, ["<tool_call>"])
+    return _partial_suffix(text, ["<tool_call>"])
 
 MODEL_DIR = ROOT / "server" / "embedded" / "model"
 

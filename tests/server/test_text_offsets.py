@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import ROOT
-from server.api.text_completions_routes import _text_offsets
+from server.api.text_completions_routes import TextOffsets
 
 pytestmark = pytest.mark.unit
 TEXT = "Café ☕, naïve 日本 and plain words after them"
@@ -21,7 +21,7 @@ def tok():
 
 def test_whole_tokens_start_where_their_text_does(tok):
     ids = tok.encode(TEXT)
-    offsets = _text_offsets(tok, ids, [])
+    offsets = TextOffsets(tok, []).of(ids)
     assert offsets == sorted(offsets) and offsets[0] == 0 and offsets[-1] < len(TEXT)
     pieces = [tok.decode([t]) for t in ids]
     assert any("\ufffd" in p for p in pieces)  # the text does split characters across tokens
@@ -31,4 +31,7 @@ def test_whole_tokens_start_where_their_text_does(tok):
 @pytest.mark.parametrize("cut", range(1, 16))
 def test_offsets_in_pieces_agree_with_the_whole(tok, cut):
     ids = tok.encode(TEXT)
-    assert _text_offsets(tok, ids[cut:], ids[:cut]) == _text_offsets(tok, ids, [])[cut:]
+    whole = TextOffsets(tok, []).of(ids)[cut:]
+    assert TextOffsets(tok, ids[:cut]).of(ids[cut:]) == whole  # the text before decoded at once
+    streamed = TextOffsets(tok, ids[:cut])
+    assert streamed.of(ids[cut:cut + 3]) + streamed.of(ids[cut + 3:]) == whole  # then chunk by chunk
