@@ -38,6 +38,8 @@ def validate_messages(messages: Sequence[dict[str, Any]]) -> None:
         if role not in ("system", "developer", "user", "assistant", "tool"):
             raise RenderError(f"messages[{i}].role must be one of system, user, assistant, tool (got {role!r})")
         _check_content(m, i)
+        if role in ("system", "developer", "user") and m.get("content") is None:
+            raise RenderError(f"messages[{i}].content is required in a {role} message")
         if role in ("system", "developer") and i != 0:
             raise RenderError(f"messages[{i}]: a system message may only come first")
         if role == "tool":

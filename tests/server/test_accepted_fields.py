@@ -55,6 +55,15 @@ def test_chat_refuses_a_knob_that_would_change_the_distribution_naming_it(oai, f
     assert e.value.body["param"] == field and field in e.value.body["message"], e.value.body
 
 
+def test_a_message_without_content_is_named_not_left_to_the_template(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "s"}, {"role": "user"}],
+                                    max_tokens=2)
+    assert e.value.body["message"] == "messages[1].content is required in a user message", e.value.body
+    r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.usage.completion_tokens == 2  # and the server serves on
+
+
 def test_chat_takes_the_neutral_values_clients_send_by_default(oai):
     r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
                                     presence_penalty=0, frequency_penalty=0.0, logit_bias={}, user="u",

@@ -223,6 +223,9 @@ BAD_ORDERS = {
     "unknown_role": ([{"role": "robot", "content": "a"}], "role"),
     "image_content_part": ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "text"),
     "content_not_text": ([{"role": "user", "content": 42}], "content"),
+    "user_without_content": ([{"role": "user"}], r"messages\[0\]\.content is required in a user message"),
+    "system_with_null_content": ([{"role": "system", "content": None}, {"role": "user", "content": "a"}],
+                                 r"messages\[0\]\.content is required"),
     "tool_call_without_name": ([
         {"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]},
         {"role": "tool", "tool_call_id": "x", "content": "r"}], "function.name"),
