@@ -114,7 +114,7 @@ def with_lora(model: Any) -> Any:
     """The LoRA a run gets: the same rank on every linear layer of the decoder blocks."""
     from peft import LoraConfig, get_peft_model
 
-    from server.model.host import lora_targets
+    from server.model.architecture import lora_targets
 
     config = LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=0.0, target_modules=lora_targets(model))
     return get_peft_model(model, config).eval()

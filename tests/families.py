@@ -80,20 +80,31 @@ def tokenizer_dir(name: str, root: Path) -> Path:
 
 def tiny_model_dir(name: str, root: Path) -> Path:
     """A random-weight model of the family's architecture, with its tokenizer and template."""
+    fam = FAMILIES[name]
+    return _tiny_model(root / f"model-{name}", tokenizer_dir(name, root), fam.architecture, fam.eos, name,
+                       {"num_key_value_heads": 2, **fam.config})
+
+
+def tiny_architecture_dir(architecture: str, root: Path, **config) -> Path:
+    """A random-weight model of a transformers architecture no family here names (`GPT2Config`,
+    `Qwen2MoeConfig`), on SmolLM2's tokenizer and ChatML template: what the server reads of the model
+    itself, not of its chat format. `config`: the architecture's own fields (heads, experts, scales)."""
+    name = architecture.removesuffix("Config").lower()
+    return _tiny_model(root / f"model-{name}", tokenizer_dir("smollm2", root), architecture, "<|im_end|>", name,
+                       config)
+
+
+def _tiny_model(out: Path, tok_dir: Path, architecture: str, eos: str, name: str, config: dict) -> Path:
     import torch
     import transformers
 
-    fam = FAMILIES[name]
-    out = root / f"model-{name}"
     if (out / "config.json").exists():
         return out
-    tok_dir = tokenizer_dir(name, root)
     tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
-    config = getattr(transformers, fam.architecture)(
+    config = getattr(transformers, architecture)(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
-        eos_token_id=tok.convert_tokens_to_ids(fam.eos), pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, **fam.config)
+        max_position_embeddings=2048, tie_word_embeddings=True, eos_token_id=tok.convert_tokens_to_ids(eos),
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, **config)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
     model.save_pretrained(out)

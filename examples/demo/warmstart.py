@@ -78,7 +78,7 @@ def merge(base: Path, checkpoint_root: Path, out: Path) -> None:
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from server.model.host import lora_targets
+    from server.model.architecture import lora_targets
     from server.runs import checkpoints
     from server.runs.base_models import read_record
 

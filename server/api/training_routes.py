@@ -61,6 +61,8 @@ def _name_taken(name: str) -> APIError:
 async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, Any]:
     if spec.base_model is not None and spec.base_model not in state.served.base_aliases:
         raise APIError(400, f"this server hosts {state.host.name!r}, not {spec.base_model!r}", param="base_model")
+    if state.host.untrainable:
+        raise APIError(400, state.host.untrainable, param="base_model", code="model_not_trainable")
     try:  # the name is claimed first, so two keys creating it at once cannot both get it
         claimed = state.runs.owners.claim(spec.name, who.owner, who.admin, state.settings.max_runs_per_key,
                                           spec.project, spec.model_dump())

@@ -89,10 +89,7 @@ class TorchEngine:
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="artisan-engine", daemon=True)
         self.text_of: Callable[[list[int]], str] = host.chat.text  # the text stop strings are matched in
-        cfg = host.config
-        self._layers = cfg.num_hidden_layers
-        self._kv_heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
-        self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self._layers, self._kv_heads, self._head_dim = host.kv_shape
         # One column of one row: its key and value in every layer.
         self._column_bytes = 2 * self._layers * self._kv_heads * self._head_dim * host.dtype.itemsize
 

@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from server.chat.format import ChatFormat
 from server.model import decode_copy, decode_pass
+from server.model.architecture import head_mismatch, kv_shape, linear_modules, linear_shapes, lora_targets
 from server.model.memory import GB
 from server.model.source import resolve, served_name
 from server.settings import Settings
@@ -78,23 +79,6 @@ def stop_ids_of(model_dir: Path, config: Any) -> list[int]:
     return sorted({i for i in flat if isinstance(i, int) and i >= 0})
 
 
-def lora_targets(model: torch.nn.Module) -> list[str]:
-    """Every linear layer inside the decoder blocks, by leaf name (q_proj ... down_proj for
-    Llama, Qwen, Mistral and Gemma): what `all-linear` means for this architecture."""
-    names = set()
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and re.search(r"\.layers\.\d+\.", name):
-            names.add(name.rsplit(".", 1)[-1])
-    return sorted(names)
-
-
-def linear_modules(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
-    """In and out features of each linear layer in the decoder blocks, by module path (what a LoRA
-    checkpoint's keys name; read before any adapter wraps them)."""
-    return {name: (m.in_features, m.out_features) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and re.search(r"\.layers\.\d+\.", name)}
-
-
 def base_fingerprint(model: torch.nn.Module, config: Any) -> str:
     """What a run's checkpoints depend on: the architecture and every parameter's name and shape.
     No weight is read, so it costs nothing and stays the same across devices, dtypes, paths and a
@@ -103,13 +87,6 @@ def base_fingerprint(model: torch.nn.Module, config: Any) -> str:
     for name, p in model.named_parameters():
         h.update(f";{name}:{tuple(p.shape)}".encode())
     return h.hexdigest()[:16]
-
-
-def linear_shapes(model: torch.nn.Module) -> list[tuple[str, int, int]]:
-    """Leaf name, in and out features of each linear layer in the decoder blocks (read before any
-    adapter wraps them)."""
-    return [(name.rsplit(".", 1)[-1], m.in_features, m.out_features) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and re.search(r"\.layers\.\d+\.", name)]
 
 
 def context_window(config: Any) -> int:
@@ -143,6 +120,9 @@ class ModelHost:
         self.lock = threading.RLock()
         self.context_window = context_window(self.config)
         self.lora_targets = lora_targets(model)
+        self.kv_shape = kv_shape(model)  # layers, key-value heads, head size: what the engine's batch cache holds
+        mismatch = head_mismatch(model)  # None: a step scores tokens as the forward that sampled them
+        self.untrainable = mismatch and f"{self.name} ({self.config.model_type}) cannot train runs here: {mismatch}"
         self.linear_shapes = linear_shapes(model)
         self.linear_modules = linear_modules(model)
         self.fingerprint = self._fingerprint()
@@ -279,6 +259,8 @@ def load_model(settings: Settings) -> ModelHost:
     if settings.memory_budget is not None:
         host.memory_budget = int(settings.memory_budget * GB)
     _warn_unrendered_tools(host, settings)
+    if host.untrainable:
+        log.warning("%s; it serves, and creating a run gets a 400", host.untrainable)
     return host
 
 

@@ -162,7 +162,7 @@ def _embedded_linear() -> dict[str, tuple[int, int]]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from server.model.host import linear_modules
+    from server.model.architecture import linear_modules
     from server.settings import DEFAULT_MODEL_DIR
 
     with torch.device("meta"):  # shapes only: no memory, no weights read

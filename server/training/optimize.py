@@ -20,6 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from protocol.config import LossName, SFTConfig, TrainConfig
+from server.model.architecture import output_logits
 from server.model.memory import gb, trim
 from server.training import losses, memory
 from server.training.assemble import Cancelled, TrainSequence
@@ -157,15 +158,15 @@ def logit_chunk(vocab: int) -> int:
     return max(1, LOGIT_CHUNK_ELEMENTS // max(vocab, 1))
 
 
-def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+def _chunk_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
                     temperatures: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     lp_all = torch.log_softmax(head(hidden).float() / temperatures[:, None], dim=-1)
     entropy = -(lp_all.exp() * lp_all).sum(-1)
     return lp_all.gather(-1, targets[:, None]).squeeze(-1), entropy.detach()
 
 
-def token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor,
-                   chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
+                   temperatures: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities of `targets` [K] under `head(hidden)` [K, vocab] at each position's
     temperature, and each position's entropy (no gradient), `chunk` positions at a time.
 
@@ -195,9 +196,8 @@ def _forward_logprobs(host: Any, mb: Microbatch, grad: bool) -> tuple[torch.Tens
     with torch.set_grad_enabled(grad), host.training_forward():
         hidden = lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                                   position_ids=mb.position_ids, use_cache=False)[0]
-        head = lm.get_output_embeddings()
-        return token_logprobs(head, hidden[mb.rows, mb.logit_positions], mb.targets, mb.temperatures,
-                              logit_chunk(getattr(head, "out_features", None) or host.vocab_size))
+        return token_logprobs(output_logits(lm), hidden[mb.rows, mb.logit_positions], mb.targets, mb.temperatures,
+                              logit_chunk(lm.get_output_embeddings().weight.shape[0]))
 
 
 def optimize(run: Any, sequences: list[TrainSequence], p: OptimPlan, token_loss: TokenLoss,

@@ -1,0 +1,129 @@
+"""Architectures no one tuned for are served and trained as their own forward computes them: the
+layers a LoRA adapts, the logits a step scores sampled tokens with, and the keys and values the engine
+caches are read from the model (server/model/architecture.py), not from Llama's names. A model whose
+forward the trainer cannot follow serves, and creating a run on it is a 400 that says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+import torch
+import transformers
+
+from client import TrainableModel
+from protocol.trajectory import Trajectory, TrajectoryGroup
+from server.model.architecture import head_mismatch, kv_shape, lora_targets, output_logits
+from tests.families import tiny_architecture_dir
+
+GPT2 = {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 2048}
+QWEN2_MOE = {"num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+             "shared_expert_intermediate_size": 32}
+# Each scale far from neutral: a trainer that left it out would be told apart at once.
+SCALED = {"CohereConfig": {"logit_scale": 0.25}, "GraniteConfig": {"logits_scaling": 4.0},
+          "Gemma2Config": {"final_logit_softcapping": 0.5, "head_dim": 16, "query_pre_attn_scalar": 16,
+                           "sliding_window": 16}}
+
+
+def _model(architecture: str, root, **config):
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny_architecture_dir(architecture, root, **config)).eval()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("architecture,config,targets", [
+    ("GPT2Config", GPT2, ["c_attn", "c_fc", "c_proj"]),  # transformers' Conv1D, in blocks named transformer.h.N
+    ("FalconConfig", {}, ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]),
+    ("Qwen2MoeConfig", QWEN2_MOE, ["k_proj", "o_proj", "q_proj", "v_proj"]),  # router and experts take tokens flat
+])
+def test_lora_adapts_the_layers_that_take_each_row_apart(architecture, config, targets, tmp_path_factory):
+    model = _model(architecture, tmp_path_factory.mktemp(architecture), **config)
+    assert lora_targets(model) == targets
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("architecture,config,shape", [
+    ("GPT2Config", GPT2, (2, 4, 16)),  # no key-value heads in its config: as many as its heads
+    ("FalconConfig", {}, (2, 1, 16)),  # multi-query: one for all
+    ("Qwen2MoeConfig", QWEN2_MOE, (2, 2, 16)),
+])
+def test_the_engine_caches_what_each_layer_caches(architecture, config, shape, tmp_path_factory):
+    assert kv_shape(_model(architecture, tmp_path_factory.mktemp(architecture), **config)) == shape
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("architecture", list(SCALED))
+def test_the_trainers_logits_are_the_forwards(architecture, tmp_path_factory):
+    model = _model(architecture, tmp_path_factory.mktemp(architecture), num_key_value_heads=2, **SCALED[architecture])
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        hidden = model.get_decoder()(input_ids=ids)[0]
+        assert torch.allclose(output_logits(model)(hidden), want, atol=1e-6)
+        assert not torch.allclose(model.get_output_embeddings()(hidden), want, atol=1e-3)  # the head alone is not
+    assert head_mismatch(model) is None
+
+
+@pytest.mark.unit
+def test_a_forward_the_trainer_cannot_follow_is_named(tmp_path_factory, monkeypatch):
+    model = _model("LlamaConfig", tmp_path_factory.mktemp("llama"), num_key_value_heads=2)
+    forward = type(model).forward
+
+    def doubled(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        out.logits = out.logits * 2
+        return out
+
+    monkeypatch.setattr(type(model), "forward", doubled)
+    assert "makes other logits of the decoder's states than its output head" in head_mismatch(model)
+
+
+def _group(choices: list, prompt: list[dict]) -> TrajectoryGroup:
+    return TrajectoryGroup(trajectories=[Trajectory(messages_and_choices=[*prompt, c], reward=float(i))
+                                         for i, c in enumerate(choices)])
+
+
+@pytest.mark.parametrize("architecture,config", [("GPT2Config", GPT2), ("FalconConfig", {}),
+                                                 ("Qwen2MoeConfig", QWEN2_MOE),
+                                                 *[(a, {"num_key_value_heads": 2, **c}) for a, c in SCALED.items()]])
+async def test_a_run_samples_trains_and_serves_its_step(architecture, config, tmp_path_factory, fresh_server_module):
+    """A run's adapter in the engine's batch, a step on its samples whose trainer agrees with the sampler
+    (on-policy: a gap of ~0, not the scale the forward applies), and the step served."""
+    srv = fresh_server_module(model=tiny_architecture_dir(architecture, tmp_path_factory.mktemp("m"), **config))
+    model = await TrainableModel(architecture.lower()).register(srv.url)
+    prompt = [{"role": "user", "content": "Say hi"}]
+    async with model.openai_client(max_retries=0) as client:
+        replies = await asyncio.gather(*(client.chat.completions.create(
+            model=model.name, messages=prompt, max_tokens=8, seed=s, logprobs=True) for s in range(2)))
+        result = await model.train([_group([r.choices[0] for r in replies], prompt)])
+        assert result.trained and result.step == 1, result.warnings
+        assert result.metrics.logprob_gap is not None and result.metrics.logprob_gap < 1e-3, result.metrics
+        served = await client.chat.completions.create(model=f"{model.name}@1", messages=prompt, max_tokens=4)
+        assert served.usage.completion_tokens >= 1
+
+
+async def test_a_model_the_trainer_cannot_score_serves_and_refuses_runs(tmp_path, monkeypatch):
+    from server.app import create_app
+    from server.settings import Settings
+    from tests.helpers import ServedApp
+
+    forward = transformers.Qwen2ForCausalLM.forward  # the embedded model's
+
+    def scaled(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        out.logits = out.logits * 2
+        return out
+
+    monkeypatch.setattr(transformers.Qwen2ForCausalLM, "forward", scaled)
+    app = create_app(Settings(data_dir=tmp_path / "data", device="cpu"))
+    with ServedApp(app, log_level="critical") as served:
+        async with openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0) as client:
+            with pytest.raises(openai.BadRequestError) as refused:
+                await client.post("/runs", body={"name": "r"}, cast_to=object)
+            error = refused.value.body
+            assert error["code"] == "model_not_trainable" and "cannot train runs here" in error["message"], error
+            assert "\n" not in error["message"]
+            reply = await client.chat.completions.create(model="artisan-tiny", max_tokens=2,
+                                                         messages=[{"role": "user", "content": "hi"}])
+            assert reply.usage.completion_tokens == 2  # and it serves
