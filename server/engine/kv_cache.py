@@ -48,11 +48,14 @@ class BatchKV:
         self.lengths = lengths
 
     @classmethod
-    def empty(cls, n_layers: int, rows: int, heads: int, head_dim: int, capacity: int, dtype, device) -> "BatchKV":
-        shape = (rows, heads, capacity, head_dim)
+    def empty(cls, n_layers: int, rows: int, heads: int, head_dim: int, capacity: int, dtype, device,
+              values: tuple[int, int] | None = None) -> "BatchKV":
+        """`values`: heads and size of the values where they are not the keys' (multi-head latent attention)."""
+        value_heads, value_dim = values or (heads, head_dim)
         return cls(
-            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
-            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+            [torch.zeros((rows, heads, capacity, head_dim), dtype=dtype, device=device) for _ in range(n_layers)],
+            [torch.zeros((rows, value_heads, capacity, value_dim), dtype=dtype, device=device)
+             for _ in range(n_layers)],
             0,
             [0] * rows,
         )

@@ -89,9 +89,10 @@ class TorchEngine:
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="artisan-engine", daemon=True)
         self.text_of: Callable[[list[int]], str] = host.chat.text  # the text stop strings are matched in
-        self._layers, self._kv_heads, self._head_dim = host.kv_shape
+        self._cached = host.kv_shape  # what each layer caches per token
         # One column of one row: its key and value in every layer.
-        self._column_bytes = 2 * self._layers * self._kv_heads * self._head_dim * host.dtype.itemsize
+        c = self._cached
+        self._column_bytes = c.layers * (c.heads * c.head_dim + c.value_heads * c.value_dim) * host.dtype.itemsize
 
     @classmethod
     def from_settings(cls, host: ModelHost, settings: Settings) -> TorchEngine:
@@ -275,8 +276,9 @@ class TorchEngine:
         return kv, out.logits[:, -1, :]
 
     def _empty_kv(self, rows: int, prompt_length: int) -> BatchKV:
-        return BatchKV.empty(self._layers, rows, self._kv_heads, self._head_dim, prompt_length + HEADROOM,
-                             self.host.dtype, self.host.device)
+        c = self._cached
+        return BatchKV.empty(c.layers, rows, c.heads, c.head_dim, prompt_length + HEADROOM, self.host.dtype,
+                             self.host.device, values=(c.value_heads, c.value_dim))
 
     def _live(self) -> list[DecodeSequence]:
         return [s for s in self._rows if s is not None]

@@ -1,27 +1,32 @@
 """What serving and training need to know of a causal LM's architecture, read from the model itself:
-the layers a run's LoRA adapts, the logits its forward makes of the decoder's last hidden states, and
-the shape of the keys and values it caches.
+the layers a run's LoRA adapts, the logits its forward makes of the decoder's last hidden states, the
+attention masks it takes, and the shape of the keys and values it caches.
 
 Reading the modules alone guesses wrong on architectures no one tuned for, so a probe forward of two
 short rows decides: which layers see each row of a batch as a row of its own (peft's mixed-adapter
 batch, which the engine serves many runs' steps with, adds each row's adapter by the input's first
 dimension; an MoE block feeds its router and experts the batch's tokens flattened), and whether the
 trainer's logits are the forward's (Cohere scales them, Granite divides them, Gemma 2 soft-caps them;
-a trainer that skipped that would score every sampled token under another distribution), and what
-each layer caches (GPT-2 has no key-value heads in its config, Falcon one for all its heads).
+a trainer that skipped that would score every sampled token under another distribution), whether
+it honours the tree mask the trainer lays sequences that share a prefix in one row with (Bloom's
+ALiBi does not), and what each layer caches (GPT-2 has no key-value heads in its config, Falcon one
+for all its heads, DeepSeek's latent attention keys and values of two sizes).
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 from transformers.pytorch_utils import Conv1D
 
 BLOCK = re.compile(r"(^|\.)\d+\.")  # inside a numbered block: model.layers.3., transformer.h.0.
 PROBE = ((0, 1, 2, 3), (3, 2, 1, 0))  # two rows of token ids every vocabulary has
+TREE = (0, 1, 2, 3, 2)  # one row: a shared first token, then two members of two tokens each
 
 
 def _linear(module: torch.nn.Module) -> bool:
@@ -59,7 +64,17 @@ def lora_targets(model: torch.nn.Module) -> list[str]:
     by_leaf: dict[str, list[bool]] = defaultdict(list)
     for name in modules:
         by_leaf[name.rsplit(".", 1)[-1]].append(kept.get(name, False))  # one the probe never ran: not known to
-    return sorted(leaf for leaf, rows_apart in by_leaf.items() if all(rows_apart))
+    return sorted(leaf for leaf, rows_apart in by_leaf.items() if all(rows_apart) and leaf not in _fused_names(model))
+
+
+def _fused_names(model: torch.nn.Module) -> set[str]:
+    """Leaf names peft would also adapt as a fused parameter: transformers 5 stacks an MoE's experts
+    into parameters named as the dense projections were (down_proj; gate_up_proj for gate_proj and
+    up_proj), and peft wraps those where a target names them, in a wrapper no mixed batch serves
+    (DeepSeek V3's dense first layers share the names with its experts)."""
+    names = {name.rsplit(".", 1)[-1] for name, p in model.named_parameters(remove_duplicate=False)
+             if name.rsplit(".", 1)[-1] not in ("weight", "bias")}
+    return names | ({"gate_proj", "up_proj"} if "gate_up_proj" in names else set())
 
 
 def _rows_kept(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> dict[str, bool]:
@@ -84,6 +99,46 @@ def _rows_kept(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> d
 
 def _probe_ids(model: torch.nn.Module) -> torch.Tensor:
     return torch.tensor(PROBE, dtype=torch.long, device=model.get_input_embeddings().weight.device)
+
+
+def decoder(model: Any) -> Any:
+    """The decoder stack whose last hidden states the output head reads. transformers' `get_decoder()`
+    gives the model itself where a class names its stack otherwise (Llama 4's text model): then the one
+    pretrained model among its children."""
+    found = model.get_decoder()
+    if found is not model:
+        return found
+    stacks = [m for m in model.children() if isinstance(m, PreTrainedModel)]
+    return stacks[0] if len(stacks) == 1 else model
+
+
+def takes_tree_mask(model: Any) -> bool:
+    """Whether `model` honours a 4-D additive attention mask with position ids as given, as the
+    trainer's shared-prefix rows need (server/training/packing.py): two sequences that share their
+    first token, laid in one row, must get the logits each gets alone. Bloom's ALiBi, built from a
+    2-D mask, does not take one; a flash kernel would ignore it."""
+    device = model.get_input_embeddings().weight.device
+    row = torch.tensor([TREE], device=device)
+    owner = torch.tensor([-1, 0, 0, 1, 1], device=device)  # -1: the shared first token
+    index = torch.arange(len(TREE), device=device)
+    visible = (index[None, :] <= index[:, None]) & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None]))
+    lowest = torch.finfo(model.dtype).min
+    mask = torch.zeros(visible.shape, dtype=model.dtype, device=device).masked_fill(~visible, lowest)[None, None]
+    try:
+        with torch.no_grad():
+            positions = torch.tensor([[0, 1, 2, 1, 2]], device=device)
+            packed = model(input_ids=row, attention_mask=mask, position_ids=positions, use_cache=False).logits[0]
+            packed = packed.float()
+            first = model(input_ids=row[:, :3], use_cache=False).logits[0].float()
+            second = model(input_ids=row[:, [0, 3, 4]], use_cache=False).logits[0, 1:].float()
+    except Exception:  # noqa: BLE001 - a forward that refuses the mask does not take it
+        return False
+    alone = torch.cat([first, second])
+    return bool((packed - alone).abs().max() <= _tolerance(model.dtype) * (1 + alone.abs().max()))
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-5 if dtype == torch.float32 else 1e-2
 
 
 def output_logits(model: Any) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -114,31 +169,47 @@ def head_mismatch(model: Any) -> str | None:
     try:
         with torch.no_grad():
             want = model(input_ids=ids, use_cache=False).logits.float()
-            hidden = model.get_decoder()(input_ids=ids, use_cache=False)[0]
+            hidden = decoder(model)(input_ids=ids, use_cache=False)[0]
             got = output_logits(model)(hidden).float()
     except Exception as e:  # noqa: BLE001 - any failure is the answer: its decoder and head do not run apart
         return f"its decoder and output head do not run apart ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
-    tolerance = 1e-5 if want.dtype == torch.float32 and hidden.dtype == torch.float32 else 1e-2
     gap = (want - got).abs().max().item() if want.shape == got.shape else float("inf")
-    if gap <= tolerance * (1 + want.abs().max().item()):
+    if gap <= _tolerance(hidden.dtype) * (1 + want.abs().max().item()):
         return None
     return (f"its forward makes other logits of the decoder's states than its output head does (largest gap "
             f"{gap:.3g}): a step would score sampled tokens under another distribution than they were sampled from")
 
 
 class KVShapeError(SystemExit):
-    """A model whose layers cache keys and values of different shapes: the torch engine's batch cache
-    keeps one shape for all of them."""
+    """A model whose cache the torch engine's batch cache cannot hold."""
 
 
-def kv_shape(model: Any) -> tuple[int, int, int]:
-    """Layers, key-value heads and head size of what `model` caches, from the cache of a probe forward."""
-    with torch.no_grad():
-        cache = model(input_ids=_probe_ids(model)[:1], use_cache=True).past_key_values
-    shapes = {(layer.keys.shape[1], layer.keys.shape[-1]) for layer in cache.layers}
-    if len(shapes) != 1:
-        raise KVShapeError(f"error: {model.config.model_type}'s layers cache keys of {len(shapes)} shapes "
-                           f"({sorted(shapes)}, heads x head size); the torch engine caches one: serve it with "
-                           f"--engine vllm")
-    [(heads, head_dim)] = shapes
-    return len(cache.layers), heads, head_dim
+class KVShape(NamedTuple):
+    """What each layer caches per token: `heads` keys of `head_dim`, `value_heads` values of `value_dim`
+    (the same but for multi-head latent attention, which caches a latent and a rotary key)."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    value_heads: int
+    value_dim: int
+
+
+def kv_shape(model: Any) -> KVShape:
+    """What `model` caches, from the cache of a probe forward: one shape for every layer, plain keys and
+    values (not a linear attention's or a convolution's state), or the torch engine cannot serve it."""
+    name = model.config.model_type
+    try:
+        with torch.no_grad():
+            cache = model(input_ids=_probe_ids(model)[:1], use_cache=True).past_key_values
+        layers = list(cache.layers)
+        shapes = {(lay.keys.shape[1], lay.keys.shape[-1], lay.values.shape[1], lay.values.shape[-1]) for lay in layers}
+    except Exception as e:  # noqa: BLE001 - a forward that cannot cache, or a cache of other states
+        raise KVShapeError(f"error: the torch engine cannot cache {name}'s layers ({type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:200]}); serve it with --engine vllm") from None
+    if len(shapes) != 1 or not all(isinstance(lay, DynamicLayer) for lay in layers):
+        kinds = sorted({type(lay).__name__ for lay in layers})
+        raise KVShapeError(f"error: {name}'s layers cache {len(shapes)} shapes in {', '.join(kinds)}; the torch "
+                           f"engine caches one shape of keys and values: serve it with --engine vllm")
+    [shape] = shapes
+    return KVShape(len(layers), *shape)

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from server.model.architecture import decoder
 from server.model.memory import GB, available_memory, gb, held
 from server.training.bounds import TooLarge
 
@@ -136,6 +137,6 @@ def _saved_per_token(host: Any, checkpointing: bool) -> int:
     mask[1, PROBE_WIDTH // 2:] = 0
     mode = host.training_forward() if checkpointing else contextlib.nullcontext()  # eval mode: no checkpoints
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), mode:
-        lm.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False)
+        decoder(lm)(input_ids=ids, attention_mask=mask, use_cache=False)
     return sum(saved.values()) // ids.numel()
 

@@ -20,7 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from protocol.config import LossName, SFTConfig, TrainConfig
-from server.model.architecture import output_logits
+from server.model.architecture import decoder, output_logits
 from server.model.memory import gb, trim
 from server.training import losses, memory
 from server.training.assemble import Cancelled, TrainSequence
@@ -194,7 +194,7 @@ def _forward_logprobs(host: Any, mb: Microbatch, grad: bool) -> tuple[torch.Tens
     entropy. The output head runs only on loss positions, a chunk at a time (token_logprobs)."""
     lm = host.model.get_base_model() if host.has_adapters else host.model
     with torch.set_grad_enabled(grad), host.training_forward():
-        hidden = lm.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+        hidden = decoder(lm)(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                                   position_ids=mb.position_ids, use_cache=False)[0]
         return token_logprobs(output_logits(lm), hidden[mb.rows, mb.logit_positions], mb.targets, mb.temperatures,
                               logit_chunk(lm.get_output_embeddings().weight.shape[0]))
@@ -266,7 +266,7 @@ def _rows(host: Any, mini: list[TrainSequence], max_tokens: int) -> list[Pack]:
     """The minibatch's rows: its sequences packed by shared prefix where the server shares them
     (art-server --share-prefix) and the model's attention takes a tree mask, else one a row."""
     lengths = [len(s.ids) for s in mini]
-    longest = packable_length(host.config) if host.share_prefix else None
+    longest = packable_length(host.config) if host.share_prefix and host.takes_tree_mask else None
     if longest is None or max(lengths) > longest:
         return [single(i, n) for i, n in enumerate(lengths)]
     return packs([s.ids for s in mini], min(max_tokens, MAX_ROW), attention_weight(host.config))

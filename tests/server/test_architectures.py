@@ -15,10 +15,16 @@ import transformers
 
 from client import TrainableModel
 from protocol.trajectory import Trajectory, TrajectoryGroup
-from server.model.architecture import head_mismatch, kv_shape, lora_targets, output_logits
+from server.model.architecture import (KVShapeError, decoder, head_mismatch, kv_shape, lora_targets, output_logits,
+                                       takes_tree_mask)
 from tests.families import tiny_architecture_dir
 
 GPT2 = {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 2048}
+BLOOM = {"n_layer": 2, "n_head": 4}
+DEEPSEEK_V3 = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "kv_lora_rank": 16,
+               "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+               "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1}
+LLAMA4_TEXT = {"num_key_value_heads": 2, "num_local_experts": 4, "intermediate_size_mlp": 128, "head_dim": 16}
 QWEN2_MOE = {"num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
              "shared_expert_intermediate_size": 32}
 # Each scale far from neutral: a trainer that left it out would be told apart at once.
@@ -36,6 +42,8 @@ def _model(architecture: str, root, **config):
     ("GPT2Config", GPT2, ["c_attn", "c_fc", "c_proj"]),  # transformers' Conv1D, in blocks named transformer.h.N
     ("FalconConfig", {}, ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]),
     ("Qwen2MoeConfig", QWEN2_MOE, ["k_proj", "o_proj", "q_proj", "v_proj"]),  # router and experts take tokens flat
+    # its first layer's dense MLP shares its names with the experts' fused parameters, which peft would wrap too
+    ("DeepseekV3Config", DEEPSEEK_V3, ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_a_proj", "q_b_proj"]),
 ])
 def test_lora_adapts_the_layers_that_take_each_row_apart(architecture, config, targets, tmp_path_factory):
     model = _model(architecture, tmp_path_factory.mktemp(architecture), **config)
@@ -44,12 +52,35 @@ def test_lora_adapts_the_layers_that_take_each_row_apart(architecture, config, t
 
 @pytest.mark.unit
 @pytest.mark.parametrize("architecture,config,shape", [
-    ("GPT2Config", GPT2, (2, 4, 16)),  # no key-value heads in its config: as many as its heads
-    ("FalconConfig", {}, (2, 1, 16)),  # multi-query: one for all
-    ("Qwen2MoeConfig", QWEN2_MOE, (2, 2, 16)),
+    ("GPT2Config", GPT2, (2, 4, 16, 4, 16)),  # no key-value heads in its config: as many as its heads
+    ("FalconConfig", {}, (2, 1, 16, 1, 16)),  # multi-query: one for all
+    ("Qwen2MoeConfig", QWEN2_MOE, (2, 2, 16, 2, 16)),
+    ("DeepseekV3Config", DEEPSEEK_V3, (2, 1, 16, 1, 8)),  # latent attention: a latent and a rotary key
 ])
 def test_the_engine_caches_what_each_layer_caches(architecture, config, shape, tmp_path_factory):
     assert kv_shape(_model(architecture, tmp_path_factory.mktemp(architecture), **config)) == shape
+
+
+@pytest.mark.unit
+def test_a_cache_of_other_states_is_refused_in_one_line(tmp_path_factory):
+    model = _model("Qwen3NextConfig", tmp_path_factory.mktemp("next"), num_key_value_heads=2)  # linear attention
+    with pytest.raises(KVShapeError) as refused:
+        kv_shape(model)
+    assert "--engine vllm" in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("architecture,config,takes", [("LlamaConfig", {"num_key_value_heads": 2}, True),
+                                                       ("GPT2Config", GPT2, True), ("BloomConfig", BLOOM, False)])
+def test_only_a_model_that_honours_a_tree_mask_packs_a_shared_prefix(architecture, config, takes, tmp_path_factory):
+    assert takes_tree_mask(_model(architecture, tmp_path_factory.mktemp(architecture), **config)) is takes
+
+
+@pytest.mark.unit
+def test_the_decoder_is_found_where_get_decoder_gives_the_model_itself(tmp_path_factory):
+    model = _model("Llama4TextConfig", tmp_path_factory.mktemp("llama4"), **LLAMA4_TEXT)
+    assert model.get_decoder() is model and decoder(model) is model.model
+    assert head_mismatch(model) is None
 
 
 @pytest.mark.unit
@@ -84,8 +115,9 @@ def _group(choices: list, prompt: list[dict]) -> TrajectoryGroup:
                                          for i, c in enumerate(choices)])
 
 
-@pytest.mark.parametrize("architecture,config", [("GPT2Config", GPT2), ("FalconConfig", {}),
-                                                 ("Qwen2MoeConfig", QWEN2_MOE),
+@pytest.mark.parametrize("architecture,config", [("GPT2Config", GPT2), ("FalconConfig", {}), ("BloomConfig", BLOOM),
+                                                 ("Qwen2MoeConfig", QWEN2_MOE), ("DeepseekV3Config", DEEPSEEK_V3),
+                                                 ("Llama4TextConfig", LLAMA4_TEXT),
                                                  *[(a, {"num_key_value_heads": 2, **c}) for a, c in SCALED.items()]])
 async def test_a_run_samples_trains_and_serves_its_step(architecture, config, tmp_path_factory, fresh_server_module):
     """A run's adapter in the engine's batch, a step on its samples whose trainer agrees with the sampler

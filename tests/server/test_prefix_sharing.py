@@ -122,7 +122,7 @@ def test_an_agents_group_with_a_prompt_of_thousands_of_tokens_is_one_row():
 
     smollm2 = SimpleNamespace(_attn_implementation="sdpa", hidden_size=576, num_attention_heads=9,
                               num_key_value_heads=3, intermediate_size=1536)
-    host = SimpleNamespace(config=smollm2, share_prefix=True)
+    host = SimpleNamespace(config=smollm2, share_prefix=True, takes_tree_mask=True)
     prompt = list(range(5000))
     group = [TrainSequence(ids=prompt + [7] * 48), TrainSequence(ids=prompt + [8] * 48)]
     (row,) = optimize._rows(host, group, max_tokens=16384)
