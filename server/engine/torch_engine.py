@@ -36,6 +36,7 @@ from server.engine.constraints import ConstraintState
 from server.engine.kv_cache import HEADROOM, BatchKV
 from server.engine.prefix_cache import Hit, PrefixCache
 from server.engine.sampling import sample
+from server.model.architecture import kv_shape
 from server.model.threads import own_threads
 from server.model.memory import available_memory, trim
 from server.model.host import ModelHost
@@ -89,7 +90,7 @@ class TorchEngine:
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="artisan-engine", daemon=True)
         self.text_of: Callable[[list[int]], str] = host.chat.text  # the text stop strings are matched in
-        self._cached = host.kv_shape  # what each layer caches per token
+        self._cached = kv_shape(host.base_model)  # what each layer caches per token
         # One column of one row: its key and value in every layer.
         c = self._cached
         self._column_bytes = c.layers * (c.heads * c.head_dim + c.value_heads * c.value_dim) * host.dtype.itemsize

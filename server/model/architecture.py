@@ -1,16 +1,14 @@
-"""What serving and training need to know of a causal LM's architecture, read from the model itself:
-the layers a run's LoRA adapts, the logits its forward makes of the decoder's last hidden states, the
-attention masks it takes, and the shape of the keys and values it caches.
+"""What serving and training need to know of a causal LM's architecture, read from the model itself
+by probe forwards of a few tokens, where its config or its modules' names would be guessed from:
 
-Reading the modules alone guesses wrong on architectures no one tuned for, so a probe forward of two
-short rows decides: which layers see each row of a batch as a row of its own (peft's mixed-adapter
-batch, which the engine serves many runs' steps with, adds each row's adapter by the input's first
-dimension; an MoE block feeds its router and experts the batch's tokens flattened), and whether the
-trainer's logits are the forward's (Cohere scales them, Granite divides them, Gemma 2 soft-caps them;
-a trainer that skipped that would score every sampled token under another distribution), whether
-it honours the tree mask the trainer lays sequences that share a prefix in one row with (Bloom's
-ALiBi does not), and what each layer caches (GPT-2 has no key-value heads in its config, Falcon one
-for all its heads, DeepSeek's latent attention keys and values of two sizes).
+- the layers a run's LoRA adapts: those that take each row of a batch apart (peft serves a batch of
+  many runs' adapters by its first dimension; an MoE feeds its router and experts the tokens flat);
+- the logits its forward makes of the decoder's states (Cohere scales them, Granite divides them,
+  Gemma 2 soft-caps them: a trainer that skipped it would score tokens under another distribution);
+- whether it honours the 4-D mask the trainer packs sequences that share a prefix with (Bloom's
+  ALiBi is built from a 2-D one);
+- what each layer caches (GPT-2 names no key-value heads, Falcon caches one for all its heads,
+  DeepSeek's latent attention keys and values of two sizes).
 """
 
 from __future__ import annotations
@@ -64,7 +62,8 @@ def lora_targets(model: torch.nn.Module) -> list[str]:
     by_leaf: dict[str, list[bool]] = defaultdict(list)
     for name in modules:
         by_leaf[name.rsplit(".", 1)[-1]].append(kept.get(name, False))  # one the probe never ran: not known to
-    return sorted(leaf for leaf, rows_apart in by_leaf.items() if all(rows_apart) and leaf not in _fused_names(model))
+    fused = _fused_names(model)
+    return sorted(leaf for leaf, rows_apart in by_leaf.items() if all(rows_apart) and leaf not in fused)
 
 
 def _fused_names(model: torch.nn.Module) -> set[str]:
@@ -91,10 +90,21 @@ def _rows_kept(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> d
     try:
         with torch.no_grad():
             model(input_ids=_probe_ids(model), use_cache=False)
+    except Exception as e:  # noqa: BLE001 - a model that cannot forward two rows cannot be served
+        raise ModelRefused(f"error: {model.config.model_type}'s forward fails on two rows of four tokens "
+                           f"({_one_line(e)})") from None
     finally:
         for h in handles:
             h.remove()
     return kept
+
+
+class ModelRefused(SystemExit):
+    """A model this server cannot serve as it is asked to, said in one line at start."""
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
 
 
 def _probe_ids(model: torch.nn.Module) -> torch.Tensor:
@@ -172,16 +182,12 @@ def head_mismatch(model: Any) -> str | None:
             hidden = decoder(model)(input_ids=ids, use_cache=False)[0]
             got = output_logits(model)(hidden).float()
     except Exception as e:  # noqa: BLE001 - any failure is the answer: its decoder and head do not run apart
-        return f"its decoder and output head do not run apart ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+        return f"its decoder and output head do not run apart ({_one_line(e)})"
     gap = (want - got).abs().max().item() if want.shape == got.shape else float("inf")
     if gap <= _tolerance(hidden.dtype) * (1 + want.abs().max().item()):
         return None
     return (f"its forward makes other logits of the decoder's states than its output head does (largest gap "
             f"{gap:.3g}): a step would score sampled tokens under another distribution than they were sampled from")
-
-
-class KVShapeError(SystemExit):
-    """A model whose cache the torch engine's batch cache cannot hold."""
 
 
 class KVShape(NamedTuple):
@@ -203,13 +209,14 @@ def kv_shape(model: Any) -> KVShape:
         with torch.no_grad():
             cache = model(input_ids=_probe_ids(model)[:1], use_cache=True).past_key_values
         layers = list(cache.layers)
-        shapes = {(lay.keys.shape[1], lay.keys.shape[-1], lay.values.shape[1], lay.values.shape[-1]) for lay in layers}
+        shapes = {(lay.keys.shape[1], lay.keys.shape[-1], lay.values.shape[1], lay.values.shape[-1])
+                  for lay in layers}
     except Exception as e:  # noqa: BLE001 - a forward that cannot cache, or a cache of other states
-        raise KVShapeError(f"error: the torch engine cannot cache {name}'s layers ({type(e).__name__}: "
-                           f"{' '.join(str(e).split())[:200]}); serve it with --engine vllm") from None
+        raise ModelRefused(f"error: the torch engine cannot cache {name}'s layers ({_one_line(e)}); serve it "
+                           f"with --engine vllm") from None
     if len(shapes) != 1 or not all(isinstance(lay, DynamicLayer) for lay in layers):
         kinds = sorted({type(lay).__name__ for lay in layers})
-        raise KVShapeError(f"error: {name}'s layers cache {len(shapes)} shapes in {', '.join(kinds)}; the torch "
+        raise ModelRefused(f"error: {name}'s layers cache {len(shapes)} shapes in {', '.join(kinds)}; the torch "
                            f"engine caches one shape of keys and values: serve it with --engine vllm")
     [shape] = shapes
     return KVShape(len(layers), *shape)

@@ -23,8 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from server.chat.format import ChatFormat
 from server.model import decode_copy, decode_pass
-from server.model.architecture import (head_mismatch, kv_shape, linear_modules, linear_shapes, lora_targets,
-                                       takes_tree_mask)
+from server.model.architecture import head_mismatch, linear_modules, linear_shapes, lora_targets, takes_tree_mask
 from server.model.memory import GB
 from server.model.source import resolve, served_name
 from server.settings import Settings
@@ -120,7 +119,6 @@ class ModelHost:
                                      stop_ids_of(self.model_dir, self.config), chat.template_kwargs, chat.stop_tokens)
         self.lock = threading.RLock()
         self.context_window = context_window(self.config)
-        self.kv_shape = kv_shape(model)  # first: a model whose forward fails on a probe is refused in one line
         self.lora_targets = lora_targets(model)
         mismatch = head_mismatch(model)  # None: a step scores tokens as the forward that sampled them
         self.untrainable = mismatch and f"{self.name} ({self.config.model_type}) cannot train runs here: {mismatch}"

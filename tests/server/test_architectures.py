@@ -15,7 +15,7 @@ import transformers
 
 from client import TrainableModel
 from protocol.trajectory import Trajectory, TrajectoryGroup
-from server.model.architecture import (KVShapeError, decoder, head_mismatch, kv_shape, lora_targets, output_logits,
+from server.model.architecture import (ModelRefused, decoder, head_mismatch, kv_shape, lora_targets, output_logits,
                                        takes_tree_mask)
 from tests.families import tiny_architecture_dir
 
@@ -64,7 +64,7 @@ def test_the_engine_caches_what_each_layer_caches(architecture, config, shape, t
 @pytest.mark.unit
 def test_a_cache_of_other_states_is_refused_in_one_line(tmp_path_factory):
     model = _model("Qwen3NextConfig", tmp_path_factory.mktemp("next"), num_key_value_heads=2)  # linear attention
-    with pytest.raises(KVShapeError) as refused:
+    with pytest.raises(ModelRefused) as refused:
         kv_shape(model)
     assert "--engine vllm" in str(refused.value) and "\n" not in str(refused.value)
 
