@@ -75,7 +75,8 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.source = source or tokenizer.chat_template
         if not self.source:
-            raise TemplateError("the tokenizer has no chat template: pass one with --chat-template FILE")
+            raise TemplateError("the tokenizer has no chat template: pass one with --chat-template FILE (a base "
+                                "model: examples/reasoning_gym/base_model.jinja renders a conversation as text)")
         if isinstance(self.source, dict):
             self.source = self.source.get("default") or next(iter(self.source.values()))
         self.kwargs = dict(kwargs or {})

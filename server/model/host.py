@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from server.chat.format import ChatFormat
+from server.chat.template import TemplateError
 from server.model import decode_copy, decode_pass
 from server.model.architecture import head_mismatch, linear_modules, linear_shapes, lora_targets, takes_tree_mask
 from server.model.memory import GB
@@ -247,9 +248,12 @@ def load_model(settings: Settings) -> ModelHost:
     chat = ChatOptions(template, settings.tool_call_parser, settings.reasoning_parser, settings.chat_template_kwargs,
                        tuple(settings.stop_token))
     names = settings.served_model_name
-    host = ModelHost(model_dir, device=settings.device, dtype=settings.dtype,
-                     name=names[0] if names else served_name(settings.model), chat=chat,
-                     aliases=(settings.model, *names))
+    try:
+        host = ModelHost(model_dir, device=settings.device, dtype=settings.dtype,
+                         name=names[0] if names else served_name(settings.model), chat=chat,
+                         aliases=(settings.model, *names))
+    except TemplateError as e:  # nothing could be served: said in one line, as a bad option is
+        raise SystemExit(f"error: {model_dir.name}: {e}") from None
     if settings.gradient_checkpointing:
         host.enable_gradient_checkpointing()
     host.share_prefix = settings.share_prefix

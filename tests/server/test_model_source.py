@@ -4,6 +4,7 @@ architecture's own config. Gradient checkpointing trains exactly as without it."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from client.local_server import ROOT
 from conftest import ServerProcess
 from server.model.host import ModelHost, pick_dtype
 from server.model.source import hub_patterns, served_name
-from tests.families import FAMILIES, tiny_model_dir
+from tests.families import FAMILIES, tiny_architecture_dir, tiny_model_dir
 
 LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 
@@ -53,6 +54,19 @@ def test_a_hub_id_that_cannot_be_downloaded_is_one_clear_line(tmp_path):
 def test_a_model_that_is_neither_file_nor_directory_nor_hub_id_is_refused(tmp_path, model):
     proc = _serve("--model", model, "--data-dir", str(tmp_path))
     assert proc.returncode != 0 and "--model" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_model_whose_tokenizer_has_no_chat_template_is_one_clear_line(tmp_path):
+    model = tiny_architecture_dir("LlamaConfig", tmp_path, num_key_value_heads=2)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    for f in model.glob("chat_template*"):
+        f.unlink()
+    proc = _serve("--model", str(model), "--data-dir", str(tmp_path / "data"), "--device", "cpu")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "no chat template" in last and "--chat-template FILE" in last and "base_model.jinja" in last, last
 
 
 @pytest.mark.unit
