@@ -93,20 +93,22 @@ def no_logit_bias(v: dict[str, float] | None) -> dict[str, float] | None:
     return v
 
 
-def _refuse_top_k(v: int | None) -> int | None:
-    # Refused, not ignored: the trainer could not reproduce the distribution sampled from.
-    if v is not None:
-        raise ValueError("top_k is not supported: the trainer cannot reproduce top-k sampling")
-    return v
+def refused(kind: Any, why: str) -> Any:
+    """A field of `kind` named in the schema and refused, with `why`, whenever it is set: what the
+    server cannot honour is a 400 naming it, never silently dropped."""
+    def refuse(v: Any) -> Any:
+        if v is not None:
+            raise ValueError(why)
+        return v
+    return Annotated[kind, AfterValidator(refuse), Field(description=f"not supported: {why}")]
 
 
 # `stop` as a list however it was sent, and logit_bias as every route refuses it.
 Stops = Annotated[Union[str, list[str], None], AfterValidator(stop_list)]
 LogitBias = Annotated[dict[str, float] | None, AfterValidator(no_logit_bias)]
 
-# `top_k` as the Responses and Messages faces take it: named in the schema, refused when set.
-RefusedTopK = Annotated[int | None, AfterValidator(_refuse_top_k),
-                        Field(description="not supported: the trainer cannot reproduce top-k sampling")]
+# `top_k` as the Responses and Messages faces take it: the trainer could not reproduce the distribution.
+RefusedTopK = refused(int | None, "top_k is not supported: the trainer cannot reproduce top-k sampling")
 
 class FunctionSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -192,6 +194,14 @@ class ChatCompletionRequest(OpenAISampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
+    # OpenAI's that no model here could honour: ignored, the model would never see the functions.
+    functions: refused(list[Any] | None, "functions is OpenAI's deprecated form of tools: send "
+                       "tools=[{\"type\": \"function\", \"function\": {...}}]") = None
+    function_call: refused(Any, "function_call is OpenAI's deprecated form of tool_choice: send tool_choice") = None
+    web_search_options: refused(dict[str, Any] | None, "art-server runs no hosted web search: give the model a "
+                                "search tool of your own") = None
+    audio: refused(dict[str, Any] | None, "art-server samples text only") = None
+    modalities: list[Literal["text"]] | None = None  # text only
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
 
     @field_validator("messages")

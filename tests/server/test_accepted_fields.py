@@ -64,6 +64,20 @@ def test_a_message_without_content_is_named_not_left_to_the_template(oai):
     assert r.usage.completion_tokens == 2  # and the server serves on
 
 
+@pytest.mark.parametrize("field,value", [("functions", [{"name": "lookup", "parameters": {"type": "object"}}]),
+                                         ("function_call", "auto"), ("web_search_options", {}),
+                                         ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"])])
+def test_chat_refuses_what_no_model_here_could_honour_naming_it(oai, field, value):
+    """Ignored, the model would never see the functions (nor search, nor speak): a silent no-op to train on."""
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                    extra_body={field: value})
+    assert e.value.body["param"].startswith(field) and e.value.body["message"].startswith(field), e.value.body
+    r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                    modalities=["text"])
+    assert r.usage.completion_tokens == 2
+
+
 def test_chat_takes_the_neutral_values_clients_send_by_default(oai):
     r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
                                     presence_penalty=0, frequency_penalty=0.0, logit_bias={}, user="u",
