@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from protocol.choices import INT64
 from protocol.nesting import check_arguments
-from server.sampling.chat_request import MAX_STOPS, TOOL_NAME, RefusedTopK, object_schema
+from server.sampling.chat_request import MAX_STOPS, TOOL_NAME, RefusedTopK, object_schema, own_tools_only, refused
 
 
 class _Block(BaseModel):
@@ -122,6 +122,13 @@ class MessagesRequest(BaseModel):
     stream: bool = False
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # artisan's: reproducible samples
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
+    mcp_servers: refused(list[Any] | None, "art-server connects to no MCP servers: give the model their tools "
+                         "in tools, and run them yourself") = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _own_tools(cls, v: Any) -> Any:
+        return own_tools_only(v, (None, "custom"))
 
     @model_validator(mode="after")
     def _check(self) -> "MessagesRequest":

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from protocol.choices import INT64
 from protocol.nesting import check_arguments
-from server.sampling.chat_request import TOOL_NAME, FunctionSpec, RefusedTopK, ResponseFormat
+from server.sampling.chat_request import (TOOL_NAME, FunctionSpec, RefusedTopK, ResponseFormat, own_tools_only,
+                                          refused)
 
 
 class _Item(BaseModel):
@@ -136,6 +137,15 @@ class ResponsesRequest(BaseModel):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # artisan's: reproducible samples
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
+    # OpenAI's state, which art-server does not keep: ignored, the model would not see what they hold.
+    conversation: refused(Any, "art-server keeps no conversations: send the earlier items in input, or "
+                          "previous_response_id") = None
+    prompt: refused(Any, "art-server keeps no stored prompts: send the prompt's text in instructions") = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _own_tools(cls, v: Any) -> Any:
+        return own_tools_only(v, ("function",))
 
     @field_validator("input")
     @classmethod

@@ -103,6 +103,16 @@ def refused(kind: Any, why: str) -> Any:
     return Annotated[kind, AfterValidator(refuse), Field(description=f"not supported: {why}")]
 
 
+def own_tools_only(tools: Any, own: tuple[str | None, ...]) -> Any:
+    """A request's tools as sent, unless one is of a type the API's provider runs itself (web search,
+    code execution, MCP): no model here calls those, and a client would wait on their results."""
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        if isinstance(tool, dict) and tool.get("type") not in own:
+            raise ValueError(f"tools[{i}] is a hosted tool ({tool.get('type')!r}), which art-server does not run: "
+                             f"give the model a function tool of your own")
+    return tools
+
+
 # `stop` as a list however it was sent, and logit_bias as every route refuses it.
 Stops = Annotated[Union[str, list[str], None], AfterValidator(stop_list)]
 LogitBias = Annotated[dict[str, float] | None, AfterValidator(no_logit_bias)]

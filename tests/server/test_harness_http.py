@@ -93,6 +93,23 @@ def test_refused_parameters_are_named(http, model_name):
     assert err["param"] == "previous_response_id"
 
 
+@pytest.mark.parametrize("path,extra,param", [
+    ("/v1/responses", {"tools": [{"type": "web_search"}]}, "tools"),
+    ("/v1/responses", {"conversation": "conv_1"}, "conversation"),
+    ("/v1/responses", {"prompt": {"id": "pmpt_1"}}, "prompt"),
+    ("/v1/messages", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
+    ("/v1/messages", {"mcp_servers": [{"type": "url", "url": "http://127.0.0.1:9", "name": "m"}]}, "mcp_servers"),
+])
+def test_what_the_provider_would_hold_or_run_is_refused_naming_it(http, model_name, path, extra, param):
+    """A hosted tool, a stored conversation or prompt, an MCP server: ignored, the model would answer
+    without what the client thinks it has."""
+    body = {"input": "hi", "max_output_tokens": 4} if path == "/v1/responses" else \
+        {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    err = _error(http.post(path, json={"model": model_name, **body, **extra}))
+    assert err["param"] == param and err["message"].startswith(param) and "\n" not in err["message"], err
+    assert http.post(path, json={"model": model_name, **body}).status_code == 200  # and it serves on
+
+
 def test_previous_response_id_continues_with_the_sampled_ids(srv, http, model_name):
     first = http.post("/v1/responses", json={"model": model_name, "input": "What does a hat cost?", "tools": [TOOL],
                                              "tool_choice": "required", "max_output_tokens": 60, "seed": 3}).json()
