@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from server.chat.format import ChatFormat
 from server.chat.template import TemplateError
 from server.model import decode_copy, decode_pass
-from server.model.architecture import head_mismatch, linear_modules, linear_shapes, lora_targets, takes_tree_mask
+from server.model.architecture import (ModelRefused, head_mismatch, linear_modules, linear_shapes, lora_targets,
+                                       takes_tree_mask)
 from server.model.memory import GB
 from server.model.source import resolve, served_name
 from server.settings import Settings
@@ -101,6 +102,10 @@ class ModelHost:
         self.model_dir = Path(model_dir)
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype, self.device)
+        config = AutoConfig.from_pretrained(self.model_dir)
+        if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:  # transformers' refusal lists 200 classes
+            raise ModelRefused(f"error: {self.model_dir.name} is a {config.model_type} model, which transformers "
+                               f"does not load as a causal language model: art-server serves decoder-only models")
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
         model.to(self.device).eval()

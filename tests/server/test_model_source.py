@@ -69,6 +69,22 @@ def test_a_model_whose_tokenizer_has_no_chat_template_is_one_clear_line(tmp_path
     assert "no chat template" in last and "--chat-template FILE" in last and "base_model.jinja" in last, last
 
 
+def test_a_model_that_is_not_a_causal_lm_is_one_clear_line(tmp_path):
+    import transformers
+
+    from tests.families import tokenizer_dir
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir("smollm2", tmp_path))
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=len(tokenizer), d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16, decoder_start_token_id=0))
+    t5.save_pretrained(tmp_path / "t5")
+    tokenizer.save_pretrained(tmp_path / "t5")
+    proc = _serve("--model", str(tmp_path / "t5"), "--data-dir", str(tmp_path / "data"), "--device", "cpu")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "t5 model" in last and "decoder-only" in last and len(last) < 300, last
+
+
 @pytest.mark.unit
 def test_a_model_is_served_under_the_name_it_was_given(tmp_path):
     """A GGUF's cache directory is named by a content hash and a hub snapshot by a commit: neither
