@@ -1,7 +1,7 @@
-"""Log rate limiting: a warning or error that repeats (same logger, level and message format) is
-logged a few times per window, then counted, and the count is told on the first one of the next
-window. A flood of bad connections or failing requests then costs a few lines, not megabytes.
-Records below WARNING (access lines, progress) pass untouched."""
+"""What the log and an error say, bounded: an error as one line, and a warning or error that repeats
+(same logger, level and message format) logged a few times per window, then counted, and the count
+told on the first one of the next window. A flood of bad connections or failing requests then costs
+a few lines, not megabytes. Records below WARNING (access lines, progress) pass untouched."""
 
 from __future__ import annotations
 
@@ -14,6 +14,12 @@ from typing import Any, Callable
 FIRST_PER_WINDOW = 5
 WINDOW_S = 10.0
 MAX_KINDS = 10_000  # messages remembered; more (formats built per call) start over
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An error as one bounded line (a state dict's size mismatch alone is 60 lines)."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass

@@ -22,6 +22,8 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 from transformers.pytorch_utils import Conv1D
 
+from server.log_limits import one_line
+
 BLOCK = re.compile(r"(^|\.)\d+\.")  # inside a numbered block: model.layers.3., transformer.h.0.
 PROBE = ((0, 1, 2, 3), (3, 2, 1, 0))  # two rows of token ids every vocabulary has
 TREE = (0, 1, 2, 3, 2)  # one row: a shared first token, then two members of two tokens each
@@ -92,7 +94,7 @@ def _rows_kept(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> d
             model(input_ids=_probe_ids(model), use_cache=False)
     except Exception as e:  # noqa: BLE001 - a model that cannot forward two rows cannot be served
         raise ModelRefused(f"error: {model.config.model_type}'s forward fails on two rows of four tokens "
-                           f"({_one_line(e)})") from None
+                           f"({one_line(e, 200)})") from None
     finally:
         for h in handles:
             h.remove()
@@ -101,10 +103,6 @@ def _rows_kept(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> d
 
 class ModelRefused(SystemExit):
     """A model this server cannot serve as it is asked to, said in one line at start."""
-
-
-def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
 
 
 def _probe_ids(model: torch.nn.Module) -> torch.Tensor:
@@ -182,7 +180,7 @@ def head_mismatch(model: Any) -> str | None:
             hidden = decoder(model)(input_ids=ids, use_cache=False)[0]
             got = output_logits(model)(hidden).float()
     except Exception as e:  # noqa: BLE001 - any failure is the answer: its decoder and head do not run apart
-        return f"its decoder and output head do not run apart ({_one_line(e)})"
+        return f"its decoder and output head do not run apart ({one_line(e, 200)})"
     gap = (want - got).abs().max().item() if want.shape == got.shape else float("inf")
     if gap <= _tolerance(hidden.dtype) * (1 + want.abs().max().item()):
         return None
@@ -212,7 +210,7 @@ def kv_shape(model: Any) -> KVShape:
         shapes = {(lay.keys.shape[1], lay.keys.shape[-1], lay.values.shape[1], lay.values.shape[-1])
                   for lay in layers}
     except Exception as e:  # noqa: BLE001 - a forward that cannot cache, or a cache of other states
-        raise ModelRefused(f"error: the torch engine cannot cache {name}'s layers ({_one_line(e)}); serve it "
+        raise ModelRefused(f"error: the torch engine cannot cache {name}'s layers ({one_line(e, 200)}); serve it "
                            f"with --engine vllm") from None
     if len(shapes) != 1 or not all(isinstance(lay, DynamicLayer) for lay in layers):
         kinds = sorted({type(lay).__name__ for lay in layers})

@@ -26,6 +26,7 @@ from server.chat.template import TemplateError
 from server.model import decode_copy, decode_pass
 from server.model.architecture import (ModelRefused, head_mismatch, linear_modules, linear_shapes, lora_targets,
                                        takes_tree_mask)
+from server.log_limits import one_line
 from server.model.memory import GB
 from server.model.source import resolve, served_name
 from server.settings import Settings
@@ -102,12 +103,7 @@ class ModelHost:
         self.model_dir = Path(model_dir)
         self.device = pick_device(device)
         self.dtype = pick_dtype(dtype, self.device)
-        config = AutoConfig.from_pretrained(self.model_dir)
-        if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:  # transformers' refusal lists 200 classes
-            raise ModelRefused(f"error: {self.model_dir.name} is a {config.model_type} model, which transformers "
-                               f"does not load as a causal language model: art-server serves decoder-only models")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
+        self.tokenizer, model = _load(self.model_dir, self.dtype)
         model.to(self.device).eval()
         for p in model.parameters():
             p.requires_grad_(False)
@@ -235,6 +231,22 @@ class ModelHost:
     def enable_gradient_checkpointing(self) -> None:
         self.base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.gradient_checkpointing = True
+
+
+def _load(model_dir: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The tokenizer and the causal LM in `model_dir`, or one line that says why not (missing or
+    damaged weights, an encoder-decoder): nothing could be served, and a traceback tells a user less."""
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+        if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:  # transformers' refusal lists 200 classes
+            raise ModelRefused(f"error: {model_dir.name} is a {config.model_type} model, which transformers does "
+                               f"not load as a causal language model: art-server serves decoder-only models")
+        return AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    except ModelRefused:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever stops the load, the server cannot start
+        log.debug("loading %s failed", model_dir, exc_info=True)
+        raise ModelRefused(f"error: {model_dir.name} could not be loaded: {one_line(e)}") from None
 
 
 def _model_card(model_dir: Path) -> dict[str, Any]:

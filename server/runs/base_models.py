@@ -139,12 +139,6 @@ def check_fit(spec: RunSpec, adapter_file: Path, host: ModelHost, recorded_base:
                       f"settings it was trained with, or delete the run")
 
 
-def one_line(exc: BaseException, limit: int = 300) -> str:
-    """An error as one bounded line (a state dict's size mismatch alone is 60 lines)."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def describe(shapes: dict[str, tuple[int, ...]]) -> str:
     """A name for the model an unrecorded run was trained on: the embedded model when its shapes
     fit (the Quick start's), else what the shapes tell."""

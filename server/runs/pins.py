@@ -16,7 +16,8 @@ import os
 from typing import TYPE_CHECKING
 
 from protocol.names import policy_name
-from server.runs import base_models, checkpoints
+from server.log_limits import one_line
+from server.runs import checkpoints
 
 if TYPE_CHECKING:
     from server.runs.run import Run
@@ -73,7 +74,7 @@ def restore(serving: ServedSteps, run: Run) -> None:
     try:
         pin(serving, run, step)
     except Exception as exc:
-        why = "no checkpoint" if isinstance(exc, KeyError) else base_models.one_line(exc)
+        why = "no checkpoint" if isinstance(exc, KeyError) else one_line(exc)
         log.warning("run %s: its pinned step %d cannot be served (%s); its name serves step %d", run.name, step, why,
                     run.step)
         drop(run)

@@ -15,6 +15,7 @@ from protocol.config import RunSpec
 from server.engine.base import Engine
 from server.model.host import ModelHost
 from server.model.memory import available_memory
+from server.log_limits import one_line
 from server.runs import base_models, checkpoints, pins
 from server.runs.base_models import NameCaseConflict, OtherModel, RunConflict, RunRecord
 from server.runs.run import Run, adapter_name, lora_config, new_optimizer
@@ -68,7 +69,7 @@ class RunRegistry:
                 self.other_models[name] = exc
                 log.warning(exc.line)  # the whole line as the message: one each, never collapsed
             except Exception as exc:  # one run's damaged files never stop the server or the other runs
-                self.problems[name] = f"run {name} could not be resumed: {base_models.one_line(exc)}"
+                self.problems[name] = f"run {name} could not be resumed: {one_line(exc)}"
                 log.error("%s", self.problems[name], exc_info=log.isEnabledFor(logging.DEBUG))
 
     def other_model(self, name: str) -> str | None:

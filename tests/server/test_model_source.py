@@ -69,6 +69,16 @@ def test_a_model_whose_tokenizer_has_no_chat_template_is_one_clear_line(tmp_path
     assert "no chat template" in last and "--chat-template FILE" in last and "base_model.jinja" in last, last
 
 
+def test_a_model_whose_weights_are_damaged_is_one_clear_line(tmp_path):
+    model = tiny_architecture_dir("LlamaConfig", tmp_path, num_key_value_heads=2)
+    with open(model / "model.safetensors", "r+b") as weights:
+        weights.truncate(1000)
+    proc = _serve("--model", str(model), "--data-dir", str(tmp_path / "data"), "--device", "cpu")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {model.name} could not be loaded: ") and len(last) < 400, last
+
+
 def test_a_model_that_is_not_a_causal_lm_is_one_clear_line(tmp_path):
     import transformers
 
