@@ -23,10 +23,10 @@ from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCa
 
 from server.chat.format import ChatFormat
 from server.chat.template import TemplateError
+from server.log_limits import one_line
 from server.model import decode_copy, decode_pass
 from server.model.architecture import (ModelRefused, head_mismatch, linear_modules, linear_shapes, lora_targets,
                                        takes_tree_mask)
-from server.log_limits import one_line
 from server.model.memory import GB
 from server.model.source import resolve, served_name
 from server.settings import Settings

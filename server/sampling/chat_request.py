@@ -120,6 +120,7 @@ LogitBias = Annotated[dict[str, float] | None, AfterValidator(no_logit_bias)]
 # `top_k` as the Responses and Messages faces take it: the trainer could not reproduce the distribution.
 RefusedTopK = refused(int | None, "top_k is not supported: the trainer cannot reproduce top-k sampling")
 
+
 class FunctionSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field(pattern=TOOL_NAME.pattern)

@@ -195,7 +195,7 @@ def _forward_logprobs(host: Any, mb: Microbatch, grad: bool) -> tuple[torch.Tens
     lm = host.model.get_base_model() if host.has_adapters else host.model
     with torch.set_grad_enabled(grad), host.training_forward():
         hidden = decoder(lm)(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                  position_ids=mb.position_ids, use_cache=False)[0]
+                             position_ids=mb.position_ids, use_cache=False)[0]
         return token_logprobs(output_logits(lm), hidden[mb.rows, mb.logit_positions], mb.targets, mb.temperatures,
                               logit_chunk(lm.get_output_embeddings().weight.shape[0]))
 

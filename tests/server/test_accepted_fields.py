@@ -64,9 +64,9 @@ def test_a_message_without_content_is_named_not_left_to_the_template(oai):
     assert r.usage.completion_tokens == 2  # and the server serves on
 
 
-@pytest.mark.parametrize("field,value", [("functions", [{"name": "lookup", "parameters": {"type": "object"}}]),
-                                         ("function_call", "auto"), ("web_search_options", {}),
-                                         ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"])])
+@pytest.mark.parametrize("field,value", [
+    ("functions", [{"name": "lookup", "parameters": {"type": "object"}}]), ("function_call", "auto"),
+    ("web_search_options", {}), ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"])])
 def test_chat_refuses_what_no_model_here_could_honour_naming_it(oai, field, value):
     """Ignored, the model would never see the functions (nor search, nor speak): a silent no-op to train on."""
     with pytest.raises(openai.BadRequestError) as e:
