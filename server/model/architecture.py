@@ -127,11 +127,7 @@ def takes_tree_mask(model: Any) -> bool:
     2-D mask, does not take one; a flash kernel would ignore it."""
     device = model.get_input_embeddings().weight.device
     row = torch.tensor([TREE], device=device)
-    owner = torch.tensor([-1, 0, 0, 1, 1], device=device)  # -1: the shared first token
-    index = torch.arange(len(TREE), device=device)
-    visible = (index[None, :] <= index[:, None]) & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None]))
-    lowest = torch.finfo(model.dtype).min
-    mask = torch.zeros(visible.shape, dtype=model.dtype, device=device).masked_fill(~visible, lowest)[None, None]
+    mask = tree_attention(torch.tensor([-1, 0, 0, 1, 1], device=device), model.dtype)[None, None]
     try:
         with torch.no_grad():
             positions = torch.tensor([[0, 1, 2, 1, 2]], device=device)
@@ -143,6 +139,17 @@ def takes_tree_mask(model: Any) -> bool:
         return False
     alone = torch.cat([first, second])
     return bool((packed - alone).abs().max() <= _tolerance(model.dtype) * (1 + alone.abs().max()))
+
+
+def tree_attention(owner: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[n, n] additive attention mask of one row whose positions belong to `owner` (-1: a prefix every
+    member sees, m >= 0: member m, -2: padding): 0 where a query may attend a key (causally, the
+    prefix and its own member's earlier tokens), the dtype's lowest elsewhere."""
+    index = torch.arange(len(owner), device=owner.device)
+    causal = index[None, :] <= index[:, None]
+    same = (owner[None, :] == owner[:, None]) & (owner[:, None] >= 0)
+    visible = causal & ((owner[None, :] == -1) | same)
+    return torch.zeros(visible.shape, dtype=dtype, device=owner.device).masked_fill(~visible, torch.finfo(dtype).min)
 
 
 def _tolerance(dtype: torch.dtype) -> float:

@@ -270,7 +270,7 @@ def load_model(settings: Settings) -> ModelHost:
                          name=names[0] if names else served_name(settings.model), chat=chat,
                          aliases=(settings.model, *names))
     except TemplateError as e:  # nothing could be served: said in one line, as a bad option is
-        raise SystemExit(f"error: {model_dir.name}: {e}") from None
+        raise ModelRefused(f"error: {model_dir.name}: {e}") from None
     if settings.gradient_checkpointing:
         host.enable_gradient_checkpointing()
     host.share_prefix = settings.share_prefix

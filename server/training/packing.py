@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from server.model.architecture import tree_attention
+
 # Sequences sharing fewer tokens than this are not packed, whatever `row_cost` says.
 MIN_SHARED = 16
 # A pack's row at most: its mask is [row x row] (256 MiB in float32 at 8192), on top of the
@@ -130,11 +132,7 @@ def tree_mask(pack: Pack, width: int, dtype: torch.dtype) -> torch.Tensor:
     owner[: pack.prefix] = -1
     for m, (start, n) in enumerate(zip(pack.starts(), pack.lengths)):
         owner[start:start + n - pack.prefix] = m
-    index = torch.arange(width)
-    causal = index[None, :] <= index[:, None]
-    same = (owner[None, :] == owner[:, None]) & (owner[:, None] >= 0)
-    visible = causal & ((owner[None, :] == -1) | same)
-    return torch.zeros((width, width), dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+    return tree_attention(owner, dtype)
 
 
 def positions(pack: Pack, width: int) -> torch.Tensor:
