@@ -96,17 +96,22 @@ def test_the_trainers_logits_are_the_forwards(architecture, tmp_path_factory):
     assert head_mismatch(model) is None
 
 
-@pytest.mark.unit
-def test_a_forward_the_trainer_cannot_follow_is_named(tmp_path_factory, monkeypatch):
-    model = _model("LlamaConfig", tmp_path_factory.mktemp("llama"), num_key_value_heads=2)
-    forward = type(model).forward
+def _double_the_logits(cls: type, monkeypatch) -> None:
+    """`cls`'s forward, then its logits doubled: a step the trainer's head cannot follow."""
+    forward = cls.forward
 
     def doubled(self, *args, **kwargs):
         out = forward(self, *args, **kwargs)
         out.logits = out.logits * 2
         return out
 
-    monkeypatch.setattr(type(model), "forward", doubled)
+    monkeypatch.setattr(cls, "forward", doubled)
+
+
+@pytest.mark.unit
+def test_a_forward_the_trainer_cannot_follow_is_named(tmp_path_factory, monkeypatch):
+    model = _model("LlamaConfig", tmp_path_factory.mktemp("llama"), num_key_value_heads=2)
+    _double_the_logits(type(model), monkeypatch)
     assert "makes other logits of the decoder's states than its output head" in head_mismatch(model)
 
 
@@ -140,14 +145,7 @@ async def test_a_model_the_trainer_cannot_score_serves_and_refuses_runs(tmp_path
     from server.settings import Settings
     from tests.helpers import ServedApp
 
-    forward = transformers.Qwen2ForCausalLM.forward  # the embedded model's
-
-    def scaled(self, *args, **kwargs):
-        out = forward(self, *args, **kwargs)
-        out.logits = out.logits * 2
-        return out
-
-    monkeypatch.setattr(transformers.Qwen2ForCausalLM, "forward", scaled)
+    _double_the_logits(transformers.Qwen2ForCausalLM, monkeypatch)  # the embedded model's class
     app = create_app(Settings(data_dir=tmp_path / "data", device="cpu"))
     with ServedApp(app, log_level="critical") as served:
         async with openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0) as client:
