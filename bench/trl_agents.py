@@ -179,6 +179,7 @@ def greedy_episodes(model_dir: Path, adapter: Path | None, envs: list[Environmen
     from transformers import AutoModelForCausalLM
 
     from server.chat.format import ChatFormat, assistant_message
+    from server.chat.tool_calls import tool_schemas
     from server.model.host import stop_ids_of
 
     threads()
@@ -204,7 +205,7 @@ def greedy_episodes(model_dir: Path, adapter: Path | None, envs: list[Environmen
             chunk = order[k:k + batch]
             for i, ids in zip(chunk, _generate(model, [prompts[i] for i in chunk], stop_ids,
                                                tokenizer.pad_token_id, max_tokens)):
-                parsed = chat.parse(chat.text(ids), tools_enabled=True)
+                parsed = chat.parse(chat.text(ids), tool_schemas(envs[i].tools))
                 message = assistant_message(parsed)
                 sampled[i][len(convs[i])] = ids
                 convs[i].append(message)

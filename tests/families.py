@@ -23,6 +23,7 @@ class Family:
     added: tuple[str, ...] = ()  # plain added tokens (kept in text, as Qwen's tool and think tags are)
     bos: str | None = None
     eos: str = ""
+    stops: tuple[str, ...] = ()  # other tokens the model's generation config ends a turn on
     config: dict = field(default_factory=dict)
 
 
@@ -43,9 +44,27 @@ FAMILIES = {
                      config={"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 16}),
     "gpt_oss": Family("gpt_oss", "gpt_oss.jinja", "GptOssConfig",
                       ("<|startoftext|>", "<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
-                       "<|constrain|>", "<|return|>", "<|call|>"), eos="<|return|>"),
+                       "<|constrain|>", "<|return|>", "<|call|>"), eos="<|return|>", stops=("<|call|>",)),
     "smollm2": Family("smollm2", "smollm2.jinja", "LlamaConfig", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
                       eos="<|im_end|>"),
+    # Formats that write each argument apart. Qwen3.5's and LFM2's own layers keep a recurrent state
+    # the engine cannot batch, and GLM-4.5's are a Qwen-like MoE: their templates on other architectures.
+    "qwen3_5": Family("qwen3_5", "qwen3_5.jinja", "Qwen3Config", QWEN_SPECIAL, QWEN_ADDED, eos="<|im_end|>"),
+    "gemma4": Family("gemma4", "gemma4.jinja", "Gemma4TextConfig",
+                     ("<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", '<|"|>',
+                      "<|tool_response>", "<tool_response|>", "<|channel>", "<channel|>", "<|tool>", "<tool|>",
+                      "<|think|>"), bos="<bos>", eos="<turn|>", stops=("<|tool_response>",),
+                     config={"head_dim": 16, "global_head_dim": 16, "sliding_window": 16,
+                             "layer_types": ["sliding_attention", "full_attention"]}),
+    "glm4_5": Family("glm4_5", "glm4_5.jinja", "Qwen2Config",
+                     ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+                      "<|observation|>"),
+                     ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+                      "<think>", "</think>", "<tool_response>", "</tool_response>"), eos="<|user|>",
+                     stops=("<|observation|>",)),
+    "lfm2_5": Family("lfm2_5", "lfm2_5.jinja", "LlamaConfig",
+                     ("<|pad|>", "<|startoftext|>", "<|im_start|>", "<|im_end|>", "<|tool_call_start|>",
+                      "<|tool_call_end|>"), ("<think>", "</think>"), bos="<|startoftext|>", eos="<|im_end|>"),
 }
 
 _TEXT = [
@@ -82,7 +101,7 @@ def tiny_model_dir(name: str, root: Path) -> Path:
     """A random-weight model of the family's architecture, with its tokenizer and template."""
     fam = FAMILIES[name]
     return _tiny_model(root / f"model-{name}", tokenizer_dir(name, root), fam.architecture, fam.eos, name,
-                       {"num_key_value_heads": 2, **fam.config})
+                       {"num_key_value_heads": 2, **fam.config}, fam.stops)
 
 
 def tiny_architecture_dir(architecture: str, root: Path, **config) -> Path:
@@ -94,7 +113,8 @@ def tiny_architecture_dir(architecture: str, root: Path, **config) -> Path:
                        config)
 
 
-def _tiny_model(out: Path, tok_dir: Path, architecture: str, eos: str, name: str, config: dict) -> Path:
+def _tiny_model(out: Path, tok_dir: Path, architecture: str, eos: str, name: str, config: dict,
+                stops: tuple[str, ...] = ()) -> Path:
     import torch
     import transformers
 
@@ -107,6 +127,8 @@ def _tiny_model(out: Path, tok_dir: Path, architecture: str, eos: str, name: str
         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, **config)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
+    if stops:
+        model.generation_config.eos_token_id = [config.eos_token_id, *tok.convert_tokens_to_ids(list(stops))]
     model.save_pretrained(out)
     tok.save_pretrained(out)
     (out / "artisan.json").write_text(json.dumps({"name": name}))

@@ -7,14 +7,16 @@ reasoning parsers chosen from the template unless named (`--tool-call-parser`,
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from server.chat.parsers import (ParsedOutput, ReasoningParser, ToolParser, detect_reasoning_parser,
-                                 detect_tool_parser, make_reasoning_parser, make_tool_parser)
+from server.chat.parsers import (ReasoningParser, detect_reasoning_parser, detect_tool_parser, make_reasoning_parser,
+                                 make_tool_parser)
 from server.chat.render import Renderer
-from server.chat.template import ChatTemplate
+from server.chat.template import PROBE_TOOL, ChatTemplate, TemplateError
+from server.chat.tool_calls import ParsedOutput, ToolParser, ToolSchemas
 from server.chat.sampled_turns import SampledTurns
 
 log = logging.getLogger("artisan.chat")
@@ -99,11 +101,37 @@ class ChatFormat:
         prompt = self.template.format.generation_prompt
         return p is not None and p.start in prompt and p.end not in prompt.split(p.start)[-1]
 
-    def parse(self, text: str, tools_enabled: bool) -> ParsedOutput:
+    @functools.cached_property
+    def call_frame(self) -> tuple[str, int | None]:
+        """How the template writes a tool call that has no content, as a forced call must be
+        sampled for the next prompt to extend the one it was sampled after: the text between the
+        generation prompt and the call (GLM's empty think block), and the stop token after it
+        (GLM's `<|observation|>`, where its answers end on `<|user|>`)."""
+        user = [{"role": "user", "content": "hi"}]
+        call = {"id": "probe0001", "type": "function", "function": {"name": PROBE_TOOL["function"]["name"],
+                                                                    "arguments": {"q": "x"}}}
+        # With its result after it, as the next prompt has it (Qwen3's shows an empty think block
+        # in a last turn only).
+        loop = [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "probe0001",
+                                                               "content": "ok"}]
+        try:
+            prompt = self.template.render(user, [PROBE_TOOL], True)
+            turn = self.template.render(user + loop, [PROBE_TOOL], True)
+        except TemplateError:
+            return "", None
+        after = turn[len(prompt):] if turn.startswith(prompt) else ""
+        start = self.tool_parser.starts_call(after)
+        if not start and start != 0:
+            return "", None
+        stop = next((i for i in self.renderer.encode(after[start:]) if i in self.stop_ids), None)
+        return after[:start], stop
+
+    def parse(self, text: str, tools: ToolSchemas | None) -> ParsedOutput:
+        """`tools`: the request's tools when it lets the model call them, else None."""
         reasoning = None
         if self.reasoning_parser is not None:
             reasoning, text = self.reasoning_parser.split(text, self.reasoning_opened)
-        parsed = self.tool_parser.parse(text) if tools_enabled else ParsedOutput(content=text)
+        parsed = self.tool_parser.parse(text, tools) if tools is not None else ParsedOutput(content=text)
         parsed.reasoning = parsed.reasoning or reasoning
         return parsed
 

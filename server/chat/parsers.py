@@ -1,9 +1,8 @@
 """Sampled text -> OpenAI `content`, `reasoning_content` and `tool_calls`, per model family.
 
-Parsers are named as vLLM names them (`--tool-call-parser hermes|llama3_json|mistral|pythonic|
-openai`, `--reasoning-parser qwen3|deepseek_r1|openai`) and accept the formats those families
-write. A call that cannot be parsed is not an error: the whole text stays in `content` and the
-output says `malformed`, so the agent loop sees what the model wrote and can stop with a reason.
+Parsers are named as vLLM names them (`--tool-call-parser hermes|qwen3_coder|glm45|gemma4|
+llama3_json|mistral|pythonic|openai`, `--reasoning-parser qwen3|deepseek_r1|gemma4|openai`) and
+accept the formats those families write; `detect_*` reads which from the chat template itself.
 """
 
 from __future__ import annotations
@@ -11,75 +10,9 @@ from __future__ import annotations
 import ast
 import json
 import re
-import secrets
-import string
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.nesting import MAX_ARGUMENT_DEPTH, nesting_depth
-
-
-def openai_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-def mistral_call_id() -> str:
-    # Mistral's template refuses any other id: nine letters and digits.
-    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
-
-
-@dataclass
-class ParsedCall:
-    name: str
-    arguments: str  # JSON object text, as OpenAI sends it
-    id: str = field(default_factory=openai_call_id)
-
-    def to_openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@dataclass
-class ParsedOutput:
-    content: str | None
-    tool_calls: list[ParsedCall] = field(default_factory=list)
-    reasoning: str | None = None
-    malformed: bool = False  # text looked like a tool call but could not be parsed
-
-
-def _call(name: Any, arguments: Any, new_id=openai_call_id) -> ParsedCall | None:
-    """A call from a parsed name and arguments (an object, or JSON text of one); None if invalid."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError):
-            return None
-    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
-        return None
-    if nesting_depth(arguments, MAX_ARGUMENT_DEPTH)[0] > MAX_ARGUMENT_DEPTH:
-        return None  # a request echoing this call back would be refused: it is malformed here too
-    try:
-        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):  # not JSON (a Python set, a tuple key, NaN): the call is malformed
-        return None
-    return ParsedCall(name=name, arguments=text, id=new_id())
-
-
-class ToolParser:
-    """Base: `markers` are the texts that open a tool call (held back while streaming); `tags`
-    every control text the parser reads (kept when the output is decoded)."""
-
-    name = "none"
-    markers: tuple[str, ...] = ()
-    tags: tuple[str, ...] = ()
-
-    def parse(self, text: str) -> ParsedOutput:
-        return ParsedOutput(content=text)
-
-    def starts_call(self, text: str) -> int | None:
-        """Where in `text` a tool call begins, or None."""
-        found = [i for m in self.markers if (i := text.find(m)) >= 0]
-        return min(found) if found else None
+from server.chat.tool_calls import ParsedCall, ParsedOutput, ToolParser, ToolSchemas, make_call, mistral_call_id
 
 
 class HermesParser(ToolParser):
@@ -90,11 +23,11 @@ class HermesParser(ToolParser):
     tags = ("<tool_call>", "</tool_call>")
     _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
         if "<tool_call>" not in text:
             return ParsedOutput(content=text)
         blocks = list(self._block.finditer(text))
-        calls = [self._one(b.group(1)) for b in blocks]
+        calls = [self._one(b.group(1), schemas or {}) for b in blocks]
         if not blocks or text.count("<tool_call>") != len(blocks) or any(c is None for c in calls):
             return ParsedOutput(content=text, malformed=True)
         # Only trailing whitespace goes: a stream has already sent any leading whitespace as content.
@@ -102,12 +35,120 @@ class HermesParser(ToolParser):
         return ParsedOutput(content=rest or None, tool_calls=calls)
 
     @staticmethod
-    def _one(body: str) -> ParsedCall | None:
+    def _one(body: str, schemas: ToolSchemas) -> ParsedCall | None:
         try:
             obj = json.loads(body.strip())
         except json.JSONDecodeError:
             return None
-        return _call(obj.get("name"), obj.get("arguments", {})) if isinstance(obj, dict) else None
+        return make_call(obj.get("name"), obj.get("arguments", {})) if isinstance(obj, dict) else None
+
+
+def schema_types(schema: Any) -> set[str]:
+    """The JSON types a schema admits (`type`, a list of types, or the branches of anyOf/oneOf)."""
+    if not isinstance(schema, dict):
+        return set()
+    kind = schema.get("type")
+    types = {kind} if isinstance(kind, str) else {t for t in kind if isinstance(t, str)} if isinstance(kind, list) \
+        else set()
+    for key in ("anyOf", "oneOf"):
+        for branch in schema.get(key) or []:
+            types |= schema_types(branch)
+    if not types and isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
+        types.add("string")
+    return types
+
+
+def typed(text: str, schema: Any) -> Any:
+    """An argument its format wrote as bare text, read as the tool's schema types it: a string stays
+    text (a zip code "02134" is not a number), anything else is read as JSON. Qwen's template writes
+    booleans and None with Python's `string` filter, so those spellings are read too."""
+    types = schema_types(schema)
+    if "null" in types and text in ("null", "None"):
+        return None
+    if "string" in types:
+        return text
+    if text in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[text]
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return text
+
+
+def _parameters(schemas: ToolSchemas, name: str) -> dict[str, Any]:
+    properties = (schemas.get(name) or {}).get("properties")
+    return properties if isinstance(properties, dict) else {}
+
+
+class Qwen3CoderParser(HermesParser):
+    """Qwen3-Coder, Qwen3.5 and later, Nemotron 3: `<tool_call>`, then `<function=NAME>` holding one
+    `<parameter=KEY>` block of bare text per argument."""
+
+    name = "qwen3_coder"
+    _function = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.DOTALL)
+    _parameter = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+
+    @classmethod
+    def _one(cls, body: str, schemas: ToolSchemas) -> ParsedCall | None:
+        function = cls._function.fullmatch(body)
+        if function is None:
+            return None
+        name, properties = function.group(1).strip(), _parameters(schemas, function.group(1).strip())
+        # The template puts the value on lines of its own: one newline each side is the format's.
+        return make_call(name, {key.strip(): typed(value.removeprefix("\n").removesuffix("\n"),
+                                                    properties.get(key.strip()))
+                                for key, value in cls._parameter.findall(function.group(2))})
+
+
+class Glm45Parser(HermesParser):
+    """GLM-4.5 and later: `<tool_call>NAME` then `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>`
+    pairs; a string value is bare text, any other its JSON."""
+
+    name = "glm45"
+    _pair = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+    @classmethod
+    def _one(cls, body: str, schemas: ToolSchemas) -> ParsedCall | None:
+        name = body.split("<arg_key>", 1)[0].strip()
+        if not name or cls._pair.sub("", body[body.find(name) + len(name):]).strip():
+            return None  # text between the pairs is not this format
+        properties = _parameters(schemas, name)
+        return make_call(name, {key.strip(): typed(value, properties.get(key.strip()))
+                                for key, value in cls._pair.findall(body)})
+
+
+class Gemma4Parser(ToolParser):
+    """Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`, the arguments in the
+    template's own literal syntax: keys bare, strings between `<|"|>` quote tokens."""
+
+    name = "gemma4"
+    markers = ("<|tool_call>",)
+    tags = ("<|tool_call>", "<tool_call|>", '<|"|>')
+    _block = re.compile(r"<\|tool_call>call:([^{<]+)(\{.*?\})<tool_call\|>", re.DOTALL)
+    _bare_key = re.compile(r'([{,]\s*)([^\s{}\[\],:"]+)\s*:')
+
+    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
+        if "<|tool_call>" not in text:
+            return ParsedOutput(content=text)
+        blocks = list(self._block.finditer(text))
+        calls = [make_call(b.group(1).strip(), self.literal(b.group(2))) for b in blocks]
+        if not blocks or text.count("<|tool_call>") != len(blocks) or any(c is None for c in calls):
+            return ParsedOutput(content=text, malformed=True)
+        rest = self._block.sub("", text).replace("<|tool_response>", "").rstrip()
+        return ParsedOutput(content=rest or None, tool_calls=calls)
+
+    @classmethod
+    def literal(cls, text: str) -> Any:
+        """Gemma 4's argument literal as the value it writes; None if it is not one."""
+        pieces = text.split('<|"|>')
+        if len(pieces) % 2 == 0:
+            return None  # a string left open
+        as_json = "".join(json.dumps(piece) if i % 2 else cls._bare_key.sub(r'\1"\2":', piece)
+                          for i, piece in enumerate(pieces))
+        try:
+            return json.loads(as_json)
+        except (json.JSONDecodeError, RecursionError):
+            return None
 
 
 def _json_objects(text: str, separator: str) -> list[Any] | None:
@@ -141,12 +182,12 @@ class Llama3JsonParser(ToolParser):
         stripped = text.lstrip()
         return len(text) - len(stripped) if stripped.startswith(self.markers) else None
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
         body = text.strip()
         if not body.startswith(self.markers):
             return ParsedOutput(content=text)
         values = _json_objects(body.removeprefix("<|python_tag|>"), ";")
-        calls = [_call(v.get("name"), v.get("parameters", v.get("arguments", {}))) if isinstance(v, dict) else None
+        calls = [make_call(v.get("name"), v.get("parameters", v.get("arguments", {}))) if isinstance(v, dict) else None
                  for v in values or []]
         if not calls or any(c is None for c in calls):
             # A JSON answer that is not a call is content, as vLLM reads it; a tagged one is a broken call.
@@ -162,7 +203,7 @@ class MistralParser(ToolParser):
     markers = ("[TOOL_CALLS]",)
     tags = ("[TOOL_CALLS]", "[ARGS]")
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
         before, found, after = text.partition("[TOOL_CALLS]")
         if not found:
             return ParsedOutput(content=text)
@@ -176,7 +217,7 @@ class MistralParser(ToolParser):
         values = _json_objects(text.strip(), ",")
         if not values or not isinstance(values[0], list):
             return None
-        return [_call(v.get("name"), v.get("arguments", {}), mistral_call_id) if isinstance(v, dict) else None
+        return [make_call(v.get("name"), v.get("arguments", {}), mistral_call_id) if isinstance(v, dict) else None
                 for v in values[0]]
 
     @staticmethod
@@ -184,7 +225,7 @@ class MistralParser(ToolParser):
         calls = []
         for part in text.split("[TOOL_CALLS]"):
             name, found, args = part.partition("[ARGS]")
-            calls.append(_call(name.strip(), args.strip(), mistral_call_id) if found else None)
+            calls.append(make_call(name.strip(), args.strip(), mistral_call_id) if found else None)
         return calls
 
 
@@ -198,7 +239,7 @@ class PythonicParser(ToolParser):
         stripped = text.lstrip()
         return len(text) - len(stripped) if stripped.startswith("[") else None
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
         body = text.strip()
         if not (body.startswith("[") and body.endswith("]")):
             return ParsedOutput(content=text)
@@ -221,15 +262,38 @@ class PythonicParser(ToolParser):
             args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
         except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):  # not a literal, {[1]: 2}, ...
             return None
-        return _call(node.func.id, args)
+        return make_call(node.func.id, args)
+
+
+class Lfm2Parser(PythonicParser):
+    """LFM2: the pythonic list `[f(a=1)]` between `<|tool_call_start|>` and `<|tool_call_end|>`."""
+
+    name = "lfm2"
+    markers = ("<|tool_call_start|>",)
+    tags = ("<|tool_call_start|>", "<|tool_call_end|>")
+    _block = re.compile(r"<\|tool_call_start\|>(.*?)<\|tool_call_end\|>", re.DOTALL)
+
+    def starts_call(self, text: str) -> int | None:
+        return ToolParser.starts_call(self, text)
+
+    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
+        if "<|tool_call_start|>" not in text:
+            return ParsedOutput(content=text)
+        blocks = [super(Lfm2Parser, self).parse(b.group(1)) for b in self._block.finditer(text)]
+        if not blocks or text.count("<|tool_call_start|>") != len(blocks) or not all(b.tool_calls for b in blocks):
+            return ParsedOutput(content=text, malformed=True)
+        rest = self._block.sub("", text).rstrip()
+        return ParsedOutput(content=rest or None, tool_calls=[c for b in blocks for c in b.tool_calls])
 
 
 class ReasoningParser:
-    """`<think>...</think>` before the answer (Qwen3, DeepSeek-R1). `opened`: the generation
-    prompt already holds the start tag, so the output begins inside the reasoning."""
+    """`<think>...</think>` before the answer (Qwen3, DeepSeek-R1), or Gemma 4's
+    `<|channel>thought\n...<channel|>`. `opened`: the generation prompt already holds the start
+    tag, so the output begins inside the reasoning. `label`: what the format writes after the start
+    tag to name the block, not part of the reasoning."""
 
-    def __init__(self, name: str, start: str = "<think>", end: str = "</think>"):
-        self.name, self.start, self.end = name, start, end
+    def __init__(self, name: str, start: str = "<think>", end: str = "</think>", label: str = ""):
+        self.name, self.start, self.end, self.label = name, start, end, label
         self.markers = (start, end)
 
     def split(self, text: str, opened: bool = False) -> tuple[str | None, str]:
@@ -239,7 +303,7 @@ class ReasoningParser:
                 return text.replace(self.start, "", 1).strip() or None, ""  # still thinking when cut off
             return None, text
         reasoning, _, rest = text.partition(self.end)
-        reasoning = reasoning.split(self.start, 1)[-1]
+        reasoning = reasoning.split(self.start, 1)[-1].removeprefix(self.label)
         return reasoning.strip("\n") or None, rest.lstrip("\n")
 
 
@@ -259,7 +323,7 @@ class HarmonyParser(ToolParser):
         m = re.search(r"to=functions\.", text)
         return m.start() if m else None
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
         messages = list(self._message.finditer(text))
         if not messages:
             return ParsedOutput(content=text)
@@ -268,7 +332,7 @@ class HarmonyParser(ToolParser):
             channel, header, body = m.group(2), m.group(1) + m.group(3), m.group(4)
             target = re.search(r"to=functions\.([\w.-]+)", header)
             if target:
-                call = _call(target.group(1), body.strip())
+                call = make_call(target.group(1), body.strip())
                 malformed |= call is None
                 calls.append(call)
             elif channel == "analysis":
@@ -281,16 +345,22 @@ class HarmonyParser(ToolParser):
 
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (
-    ToolParser, HermesParser, Llama3JsonParser, MistralParser, PythonicParser, HarmonyParser)}
-REASONING_PARSERS = ("qwen3", "deepseek_r1", "openai", "none")
+    ToolParser, HermesParser, Qwen3CoderParser, Glm45Parser, Gemma4Parser, Llama3JsonParser, MistralParser,
+    PythonicParser, Lfm2Parser, HarmonyParser)}
+REASONING_PARSERS = ("qwen3", "deepseek_r1", "gemma4", "openai", "none")
 
 
 def detect_tool_parser(template: str) -> str:
     """The tool-call format a chat template teaches, as vLLM names it."""
     if "<|channel|>" in template:
         return "openai"
+    if "<|tool_call>" in template:
+        return "gemma4"
     if "<tool_call>" in template:
-        return "hermes"
+        # Qwen3.5's and GLM's templates keep Hermes' tag around arguments of their own.
+        return "qwen3_coder" if "<function=" in template else "glm45" if "<arg_key>" in template else "hermes"
+    if "<|tool_call_start|>" in template:
+        return "lfm2"
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<|python_tag|>" in template or ("<|start_header_id|>" in template and '"parameters"' in template):
@@ -301,6 +371,8 @@ def detect_tool_parser(template: str) -> str:
 def detect_reasoning_parser(template: str) -> str:
     if "<|channel|>" in template:
         return "openai"
+    if "<|channel>" in template:
+        return "gemma4"
     return "qwen3" if "<think>" in template else "none"
 
 
@@ -309,6 +381,8 @@ def make_reasoning_parser(name: str) -> ReasoningParser | None:
         return None
     if name not in REASONING_PARSERS:
         raise ValueError(f"unknown reasoning parser {name!r}; choose from {', '.join(REASONING_PARSERS)}")
+    if name == "gemma4":
+        return ReasoningParser(name, "<|channel>", "<channel|>", label="thought")
     return ReasoningParser(name)
 
 

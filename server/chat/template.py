@@ -51,6 +51,10 @@ def template_message(message: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in message.items() if k != "token_ids" and v is not None}
     if "content" in out:
         out["content"] = content_text(out["content"])
+    elif out.get("role") == "assistant":
+        # A tool-call turn without content: templates that read `message.content` unguarded (SmolLM2's,
+        # Phi-3's, DeepSeek-R1's) fail on a missing key, and all others render "" as they render none.
+        out["content"] = ""
     if message.get("tool_calls"):
         out["tool_calls"] = [
             {**call, "function": {**call["function"],

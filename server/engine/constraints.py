@@ -9,14 +9,17 @@ recomputes (invariant 2): a mask is a truncation, like top-p.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from server.chat.format import ChatFormat
+from server.chat.parsers import schema_types
 
 
 class ConstraintError(ValueError):
@@ -31,6 +34,7 @@ class ConstraintError(ValueError):
 class Constraint:
     grammar: str  # an llguidance grammar
     what: str  # for error messages: "response_format" or "tool_choice"
+    stop: int | None = None  # the one stop token the turn may end on (a forced call's, as its template has it)
 
 
 _TOKENIZERS: dict[int, Any] = {}
@@ -58,6 +62,16 @@ def _token(chat: ChatFormat, text: str) -> str:
     if isinstance(i, int) and i in getattr(tok, "added_tokens_decoder", {}) and tok.convert_ids_to_tokens(i) == text:
         return f"<[{i}]>"
     return json.dumps(text)
+
+
+def _literal(chat: ChatFormat, text: str) -> str:
+    """`text` in lark, its added tokens (`</think>`) as tokens: llguidance spells none out of bytes."""
+    added = sorted({t.content for t in getattr(chat.template.tokenizer, "added_tokens_decoder", {}).values()
+                    if t.content and t.content in text}, key=len, reverse=True)
+    if not added:
+        return json.dumps(text)
+    pieces = re.split("(" + "|".join(map(re.escape, added)) + ")", text)
+    return " ".join(_token(chat, p) for p in pieces if p)
 
 
 # JSON as json.dumps writes it: no free whitespace to wander in, and the text a template's
@@ -101,21 +115,86 @@ def _call_schema(tools: list[Any], name_key: str, args_key: str) -> dict[str, An
     return {"x-guidance": JSON_STYLE, **(options[0] if len(options) == 1 else {"anyOf": options})}
 
 
+def _text_value(schema: dict[str, Any]) -> str:
+    """A string argument written as bare text: anything up to the tag that closes it, as long as
+    the schema lets it be."""
+    longest = schema.get("maxLength")
+    return f"/[^<]{{0,{int(longest)}}}/" if isinstance(longest, int) else "/[^<]*/"
+
+
+def _argument(schema: Any) -> str:
+    """One argument's value where a format writes strings bare and anything else as its JSON."""
+    schema = schema if isinstance(schema, dict) else {}
+    if schema_types(schema) != {"string"}:
+        return f"%json {json.dumps({'x-guidance': JSON_STYLE, **closed(schema)})}"
+    choices = [schema["const"]] if "const" in schema else schema.get("enum")
+    if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
+        return f"({' | '.join(json.dumps(c) for c in choices)})"
+    return _text_value(schema)
+
+
+def _tagged_call(tool: Any, opening: str, argument: Callable[[str], str], closing: str) -> str:
+    """A call written one argument at a time (Qwen3-Coder's XML, GLM's key/value tags), in lark:
+    its required arguments, then whichever others, in the schema's order."""
+    parameters = tool.function.parameters or {}
+    required = set(parameters.get("required") or [])
+    parts = [opening]
+    for key, schema in (parameters.get("properties") or {}).items():
+        one = f"{argument(key)} {_argument(schema)} {closing}"
+        parts.append(one if key in required else f"({one})?")
+    return " ".join(parts)
+
+
+def _gemma4_call(chat: ChatFormat, tool: Any) -> str:
+    """Gemma 4's `call:NAME{key:value,...}`: the required arguments, keys sorted as its template
+    sorts them; strings between its quote tokens, numbers and booleans bare."""
+    parameters = tool.function.parameters or {}
+    properties = parameters.get("properties") or {}
+    quote, arguments = _token(chat, '<|"|>'), []
+    for key in sorted(k for k in parameters.get("required") or [] if k in properties):
+        types = schema_types(properties[key])
+        if types == {"string"}:
+            value = f"{quote} {_text_value(properties[key])} {quote}"
+        elif types == {"boolean"}:
+            value = '("true" | "false")'
+        elif types and types <= {"integer", "number"}:
+            value = f"%json {json.dumps({'x-guidance': JSON_STYLE, **properties[key]})}"
+        else:
+            raise ConstraintError(f"tool_choice: {tool.function.name}'s argument {key!r} cannot be forced in Gemma 4's "
+                                  f"format (strings, numbers and booleans can)", "tool_choice")
+        arguments.append(f"{json.dumps(key + ':')} {value}")
+    comma = f" {json.dumps(',')} "
+    return " ".join([json.dumps(f"call:{tool.function.name}{{"), comma.join(arguments), json.dumps("}")])
+
+
 def _tool_grammar(chat: ChatFormat, tools: list[Any], parallel: bool) -> str:
-    parser = chat.tool_parser.name
-    if parser == "hermes":
-        call = f'{_token(chat, "<tool_call>")} "\\n" %json {json.dumps(_call_schema(tools, "name", "arguments"))} ' \
-               f'"\\n" {_token(chat, "</tool_call>")}'
-        more = ' ("\\n" call)*' if parallel else ""
-        return f"start: call{more}\ncall: {call}\n"
+    """Lark for one or more calls to `tools`, written as the model's own template writes them."""
+    parser, tag = chat.tool_parser.name, functools.partial(_token, chat)
+    more = ' ("\\n" call)*' if parallel else ""
     if parser == "llama3_json":
         return f"start: %json {json.dumps(_call_schema(tools, 'name', 'parameters'))}\n"
     if parser == "mistral":
         schema = {"x-guidance": JSON_STYLE, "type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}),
                   "items": _call_schema(tools, "name", "arguments")}
-        return f'start: {_token(chat, "[TOOL_CALLS]")} %json {json.dumps(schema)}\n'
-    raise ConstraintError(f"tool_choice 'required' or a named function is not supported for the {parser!r} "
-                          f"tool-call format", "tool_choice")
+        return f'start: {tag("[TOOL_CALLS]")} %json {json.dumps(schema)}\n'
+    if parser == "hermes":
+        body = f'"\\n" %json {json.dumps(_call_schema(tools, "name", "arguments"))} "\\n"'
+    elif parser == "qwen3_coder":
+        body = " | ".join(_tagged_call(t, json.dumps(f"\n<function={t.function.name}>\n"),
+                                       lambda key: json.dumps(f"<parameter={key}>\n"), json.dumps("\n</parameter>\n"))
+                          + ' "</function>\\n"' for t in tools)
+    elif parser == "glm45":
+        body = " | ".join(_tagged_call(t, json.dumps(f"{t.function.name}\n"),
+                                       lambda key: f'{tag("<arg_key>")} {json.dumps(key)} {tag("</arg_key>")} "\\n" '
+                                                   f'{tag("<arg_value>")}', f'{tag("</arg_value>")} "\\n"')
+                          for t in tools)
+    elif parser == "gemma4":
+        call = f'{tag("<|tool_call>")} ({" | ".join(_gemma4_call(chat, t) for t in tools)}) {tag("<tool_call|>")}'
+        return f"start: call{'+' if parallel else ''}\ncall: {call}\n"  # one call right after another
+    else:
+        raise ConstraintError(f"tool_choice 'required' or a named function is not supported for the {parser!r} "
+                              f"tool-call format", "tool_choice")
+    return f'start: call{more}\ncall: {tag("<tool_call>")} ({body}) {tag("</tool_call>")}\n'
 
 
 def constraint_for(chat: ChatFormat, response_format: Any, tool_choice: Any, tools: list[Any] | None,
@@ -125,9 +204,14 @@ def constraint_for(chat: ChatFormat, response_format: Any, tool_choice: Any, too
     if tool_choice == "required" or (tool_choice is not None and not isinstance(tool_choice, str)):
         chosen = [t for t in tools or [] if isinstance(tool_choice, str)
                   or t.function.name == tool_choice.function.name]
-        grammar = llguidance.LLMatcher.grammar_from_lark(_tool_grammar(chat, chosen, parallel_tool_calls))
+        lark = _tool_grammar(chat, chosen, parallel_tool_calls)
+        lead, stop = chat.call_frame  # GLM ends a call on <|observation|>, and an answer on <|user|>
+        if lead:
+            lark = lark.replace("start: ", f"start: {_literal(chat, lead)} ", 1)
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         what = "tool_choice"
     elif response_format is not None and response_format.type != "text":
+        stop = None
         json_schema = response_format.type == "json_schema"
         schema = closed(response_format.json_schema.schema_) if json_schema else {"type": "object"}
         try:
@@ -140,7 +224,7 @@ def constraint_for(chat: ChatFormat, response_format: Any, tool_choice: Any, too
     error = llguidance.LLMatcher.validate_grammar(grammar, _ll_tokenizer(chat))
     if error:
         raise ConstraintError(f"{what}: cannot be honoured: {error.splitlines()[0][:300]}", what)
-    return Constraint(grammar, what)
+    return Constraint(grammar, what, stop)
 
 
 class ConstraintState:
@@ -151,7 +235,8 @@ class ConstraintState:
 
         self.tokenizer = _ll_tokenizer(chat)
         self.matcher = llguidance.LLMatcher(self.tokenizer, constraint.grammar)
-        self.stop_ids = sorted(chat.stop_ids)
+        self.stop_ids = sorted(chat.stop_ids) if constraint.stop is None else [constraint.stop]
+        self.other_stops = sorted(chat.stop_ids - set(self.stop_ids))  # llguidance allows every EOS it was given
 
     def allowed(self, vocab: int) -> torch.Tensor:
         """A boolean mask over the model's vocabulary of the tokens the grammar allows next."""
@@ -166,6 +251,7 @@ class ConstraintState:
         words = bits[0].to(torch.int64) & 0xFFFFFFFF
         flags = ((words[:, None] >> torch.arange(32)) & 1).bool().flatten()[: min(vocab, self.tokenizer.vocab_size)]
         mask[: flags.numel()] = flags
+        mask[[i for i in self.other_stops if i < vocab]] = False
         if not mask.any():
             mask[self.stop_ids] = True
         return mask

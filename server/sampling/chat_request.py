@@ -15,6 +15,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationIn
 
 from protocol.choices import INT64
 from protocol.nesting import check_message_calls
+from server.chat.tool_calls import ToolSchemas, tool_schemas
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 64
@@ -249,6 +250,6 @@ class ChatCompletionRequest(OpenAISampling):
     def tool_dicts(self) -> list[dict[str, Any]] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
-    @property
-    def tools_enabled(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
+    def callable_tools(self) -> ToolSchemas | None:
+        """The tools the model may call, as the output parser reads them; None when it may call none."""
+        return tool_schemas(self.tool_dicts()) if self.tools and self.tool_choice != "none" else None

@@ -10,6 +10,7 @@ from typing import Any
 
 from server.chat.format import ChatFormat, assistant_message
 from server.chat.sampled_turns import SampledTurn, fingerprint
+from server.chat.tool_calls import ToolSchemas
 from server.engine.base import DecodeSequence
 from server.engine.sampling import SamplingParams
 from server.model.host import ModelHost
@@ -73,8 +74,9 @@ def output_text(chat: ChatFormat, seq: DecodeSequence) -> str:
     return text[: seq.stop_text_end] if seq.stop_text_end is not None else text
 
 
-def message_and_finish(chat: ChatFormat, seq: DecodeSequence, tools_enabled: bool) -> tuple[dict[str, Any], str, bool]:
-    parsed = chat.parse(output_text(chat, seq), tools_enabled)
+def message_and_finish(chat: ChatFormat, seq: DecodeSequence, tools: ToolSchemas | None
+                       ) -> tuple[dict[str, Any], str, bool]:
+    parsed = chat.parse(output_text(chat, seq), tools)
     finish = seq.finish_reason or "stop"
     if parsed.tool_calls and finish == "stop":
         finish = "tool_calls"
@@ -88,8 +90,9 @@ def remember(chat: ChatFormat, message: dict[str, Any], seq: DecodeSequence, sam
     chat.turns.remember(message, SampledTurn(tuple(seq.token_ids), record))
 
 
-def build_choice(host: ModelHost, seq: DecodeSequence, sampling: dict[str, Any], tools_enabled: bool) -> dict[str, Any]:
-    message, finish, malformed = message_and_finish(host.chat, seq, tools_enabled)
+def build_choice(host: ModelHost, seq: DecodeSequence, sampling: dict[str, Any], tools: ToolSchemas | None
+                 ) -> dict[str, Any]:
+    message, finish, malformed = message_and_finish(host.chat, seq, tools)
     remember(host.chat, message, seq, sampling)
     choice = {"index": seq.index, "message": message, "finish_reason": finish,
               "logprobs": {"content": logprob_entries(host, seq.token_ids, seq.logprobs, seq.top_logprobs)},

@@ -101,7 +101,7 @@ async def start(state: ServerState, body: ChatCompletionRequest, who: Caller,
 
     return Completion(gen, events, "chatcmpl-" + uuid.uuid4().hex, int(time.time()), body.model, prompt.ids,
                       sampling_info(state.host, policy, params, prompt.ids, body.chat_template_kwargs),
-                      body.tools_enabled, body.stop, bool((body.stream_options or {}).get("include_usage")),
+                      body.callable_tools(), body.stop, bool((body.stream_options or {}).get("include_usage")),
                       release=release, on_choice=record)
 
 
@@ -117,7 +117,7 @@ async def finish(state: ServerState, c: Completion, disconnected: Disconnected) 
     """Every choice of a request that does not stream, in index order; a client gone cancels it."""
     try:
         await wait_finished(c.gen, c.events, disconnected)
-        choices = [build_choice(state.host, s, c.sampling, c.tools_enabled) for s in c.gen.sequences]
+        choices = [build_choice(state.host, s, c.sampling, c.tools) for s in c.gen.sequences]
         if c.on_choice is not None:  # stored before the answer and the release (which ends the exchange)
             for choice in choices:
                 await asyncio.to_thread(c.on_choice, choice)  # a large exchange takes a while to write

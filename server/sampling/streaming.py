@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from server.chat.format import ChatFormat
+from server.chat.tool_calls import ToolSchemas
 from server.engine.base import DecodeSequence, GenRequest, ReplicaLost
 from server.sampling.choices import build_choice, logprob_entries
 from server.sampling.engine_requests import engine_events
@@ -34,7 +35,7 @@ class Completion:
     model: str
     prompt_ids: list[int]
     sampling: dict[str, Any]
-    tools_enabled: bool
+    tools: ToolSchemas | None  # the tools the model may call, by name; None when it may call none
     stops: list[str]
     include_usage: bool = False
     release: Callable[[], None] = lambda: None  # the lease on the policy, given back once
@@ -78,7 +79,7 @@ class ChoiceStream:
     def visible(self, chat: ChatFormat, text: str, c: Completion) -> tuple[str, str]:
         """(reasoning, content) that are safe to send: no partial tag, stop string or character."""
         p = chat.reasoning_parser
-        held = [*chat.kept_ids.values(), *(chat.tool_parser.markers if c.tools_enabled else ()),
+        held = [*chat.kept_ids.values(), *(chat.tool_parser.markers if c.tools is not None else ()),
                 *(p.markers if p is not None else ())]
         text = sendable(text, c.stops, held)
         reasoning, content = "", text
@@ -89,7 +90,7 @@ class ChoiceStream:
             else:
                 reasoning, content = text, ""
             reasoning = reasoning.split(p.start, 1)[-1].lstrip("\n")
-        if c.tools_enabled:
+        if c.tools is not None:
             start = chat.tool_parser.starts_call(content)
             if start is not None:
                 self.in_tool_call = True
@@ -189,7 +190,7 @@ def _token_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream
 
 def _final_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream) -> dict[str, Any]:
     _, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs))
-    choice = c.choices[seq.index] = build_choice(host, seq, c.sampling, c.tools_enabled)
+    choice = c.choices[seq.index] = build_choice(host, seq, c.sampling, c.tools)
     message, finish, malformed = choice["message"], choice["finish_reason"], choice.get("malformed_tool_call", False)
     delta = st.delta(message.get("reasoning_content") or st.sent_reasoning, message.get("content") or "")
     if message.get("tool_calls"):

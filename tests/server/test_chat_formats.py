@@ -1,6 +1,7 @@
-"""The real chat templates of Qwen2.5-Instruct, Qwen3, Llama-3.1-Instruct, Mistral-7B-Instruct-v0.3,
-Gemma 3 and SmolLM2, rendered by the server exactly as transformers renders them, with sampled
-turns spliced in by id; and a tiny random model of each architecture served end to end.
+"""The real chat templates of Qwen2.5-Instruct, Qwen3, Qwen3.5, Llama-3.1-Instruct, Mistral-7B-Instruct-v0.3,
+Gemma 3, Gemma 4, GLM-4.5, LFM2.5, gpt-oss and SmolLM2 (tests/families.py), rendered by the server
+exactly as transformers renders them, with sampled turns spliced in by id; and tiny random models
+served end to end.
 """
 
 from __future__ import annotations
@@ -107,15 +108,17 @@ def test_a_sampled_turn_is_spliced_by_id(family, workdir):
     its text would tokenize), closed by the template's own end of turn."""
     chat = _format(family, workdir)
     tok = chat.template.tokenizer
-    end = tok.encode(chat.template.format.turn_end, add_special_tokens=False)[0]  # how the template ends a turn
-    assert end in chat.stop_ids
+    first = [{"role": "user", "content": "Where?"}]
     text = "Paris is nice."
+    messages = first + [{"role": "assistant", "content": text}, {"role": "user", "content": "Why?"}]
+    # How the template ends a turn; GLM's closes none: the model stops on the next message's role tag.
+    after = chat.template.format.turn_end or chat.template.render(messages, None, False).split(text, 1)[1]
+    end = tok.encode(after, add_special_tokens=False)[0]
+    assert end in chat.stop_ids
     by_char = [i for ch in text for i in tok.encode(ch, add_special_tokens=False)]
     assert by_char != tok.encode(text, add_special_tokens=False)  # the same text, other ids
     sampled = tuple(by_char + [end])
-    first = [{"role": "user", "content": "Where?"}]
     prompt = chat.renderer.render(first).ids
-    messages = first + [{"role": "assistant", "content": text}, {"role": "user", "content": "Why?"}]
     rendered = chat.renderer.render(messages, sampled_ids={1: sampled})
     if family == "gpt_oss":
         # Harmony closes an answer with <|return|> when sampling and with <|end|> in history: the
@@ -123,6 +126,15 @@ def test_a_sampled_turn_is_spliced_by_id(family, workdir):
         assert rendered.rewritten_turns == 1 and "Paris is nice." in tok.decode(rendered.ids)
         return
     assert rendered.spliced_turns == 1 and rendered.rewritten_turns == 0
+    own = chat.template.render(messages, None, True)
+    if not own.startswith(chat.template.render(first, None, True) + chat.template.format.gap + text):
+        # The history writes the turn other than after the generation prompt: Qwen3.5's leaves out
+        # the `<think>` its prompt opens, GLM's adds an empty think block. The sampled ids stand
+        # where the template puts the turn's text, and the next prompt does not extend the one they
+        # were sampled after (a step trains them apart).
+        assert tok.decode(rendered.ids) == own
+        assert any(rendered.ids[i:i + len(sampled)] == list(sampled) for i in range(len(rendered.ids)))
+        return
     assert rendered.ids[: len(prompt) + len(sampled)] == prompt + list(sampled)
 
 
@@ -190,12 +202,17 @@ def tiny_servers(workdir):
         s.stop()
 
 
-@pytest.mark.parametrize("family", ["qwen2_5", "qwen3", "llama3_1", "mistral_v0_3"])
-async def test_a_forced_tool_call_round_trips_and_trains(family, tiny_servers):
-    """tool_choice "required" makes even a random model call a tool in its family's format; the
-    call parses, its result goes back, the next prompt holds the call's exact ids, and a step on
-    those trajectories trains token-exactly."""
-    srv = tiny_servers(family)
+NO_THINKING = ("--chat-template-kwargs", '{"enable_thinking": false}')
+
+
+@pytest.mark.parametrize("family,extra", [("qwen2_5", ()), ("qwen3", ()), ("llama3_1", ()), ("mistral_v0_3", ()),
+                                          ("qwen3_5", ()), ("qwen3_5", NO_THINKING), ("glm4_5", ()),
+                                          ("gemma4", ())])
+async def test_a_forced_tool_call_round_trips_and_trains(family, extra, tiny_servers):
+    """tool_choice "required" makes even a random model call a tool in its family's format (JSON,
+    Qwen3.5's and GLM's tags around each argument, Gemma 4's literals); the call parses, its result goes back, the
+    next prompt holds the call's exact ids, and a step on those trajectories trains token-exactly."""
+    srv = tiny_servers(family, *extra)
 
     model = await TrainableModel(f"{family}-tools").register(srv.url)
     async with model.openai_client(max_retries=0, timeout=300) as client:

@@ -29,7 +29,7 @@ GENERATION_PROMPT = "<|im_start|>assistant\n"
 
 
 def parse_tool_calls(text: str, tools_enabled: bool = True):
-    return HermesParser().parse(text) if tools_enabled else FORMAT.parse(text, tools_enabled=False)
+    return HermesParser().parse(text) if tools_enabled else FORMAT.parse(text, None)
 
 
 def held_back_suffix(text: str) -> int:

@@ -6,9 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from transformers import AutoTokenizer
 
-from server.chat.parsers import (HarmonyParser, HermesParser, Llama3JsonParser, MistralParser, PythonicParser,
-                                 ReasoningParser, detect_reasoning_parser, detect_tool_parser)
+from server.chat.format import ChatFormat
+from server.chat.parsers import (Gemma4Parser, Glm45Parser, HarmonyParser, HermesParser, Lfm2Parser, Llama3JsonParser,
+                                 MistralParser, PythonicParser, Qwen3CoderParser, ReasoningParser,
+                                 detect_reasoning_parser, detect_tool_parser, make_reasoning_parser, typed)
+from server.chat.template import template_message
+from server.chat.tool_calls import tool_schemas
+from tests.families import FAMILIES, tokenizer_dir
+from tests.real_models import TEMPLATES
 
 pytestmark = pytest.mark.unit
 
@@ -115,6 +122,99 @@ def test_harmony_recipient_in_the_role_header(text):
     assert calls(out) == [("get_weather", {"city": "Paris"})] and not out.malformed and out.content is None
 
 
+# ---- formats that write each argument apart (Qwen3.5, GLM-4.5, Gemma 4, LFM2) ---------------------
+
+SCHEMAS = tool_schemas([{"type": "function", "function": {"name": "find", "parameters": {"type": "object", "properties": {
+    "zip": {"type": "string"}, "days": {"type": "integer"}, "exact": {"type": "boolean"},
+    "where": {"type": "object"}, "tags": {"type": ["array", "null"]}, "note": {"anyOf": [{"type": "string"},
+                                                                                      {"type": "null"}]}}}}}])
+
+
+def test_an_argument_written_as_text_is_read_as_its_schema_types_it():
+    assert typed("02134", {"type": "string"}) == "02134"  # a string that looks like a number stays one
+    assert typed("true", {"type": "string"}) == "true"
+    assert typed("3", {"type": "integer"}) == 3 and typed("2.5", {"type": "number"}) == 2.5
+    assert typed("True", {"type": "boolean"}) is True and typed("false", {"type": "boolean"}) is False
+    assert typed('{"a": [1]}', {"type": "object"}) == {"a": [1]}
+    assert typed("None", {"type": ["array", "null"]}) is None and typed("null", {"anyOf": [{"type": "null"}]}) is None
+    assert typed("not a number", {"type": "integer"}) == "not a number"  # the tool sees what was written
+    assert typed("3", None) == 3 and typed("Paris", None) == "Paris"  # no schema: JSON where it reads as JSON
+
+
+def test_qwen3_coder_calls_are_typed_by_the_tools_schema():
+    text = ("Looking.\n<tool_call>\n<function=find>\n<parameter=zip>\n02134\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n<parameter=exact>\nTrue\n</parameter>\n<parameter=where>\n{\"city\": \"Paris\"}\n</parameter>"
+            "\n<parameter=note>\nline one\nline two\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+            "<function=find>\n</function>\n</tool_call>")
+    out = Qwen3CoderParser().parse(text, SCHEMAS)
+    assert out.content == "Looking." and not out.malformed
+    assert calls(out) == [("find", {"zip": "02134", "days": 3, "exact": True, "where": {"city": "Paris"},
+                                    "note": "line one\nline two"}), ("find", {})]
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>\n<function=find>\n<parameter=zip>\n1\n</parameter>\n</tool_call>",  # no </function>
+    "<tool_call>\n{\"name\": \"find\", \"arguments\": {}}\n</tool_call>",  # Hermes' JSON is not this format
+    "<tool_call>\n<function=find>\n</function>\n",  # cut off
+])
+def test_qwen3_coder_malformed_stays_in_content(text):
+    out = Qwen3CoderParser().parse(text, SCHEMAS)
+    assert out.malformed and out.content == text and out.tool_calls == []
+
+
+def test_glm45_calls_are_typed_by_the_tools_schema():
+    text = ("<tool_call>find\n<arg_key>zip</arg_key>\n<arg_value>02134</arg_value>\n<arg_key>tags</arg_key>\n"
+            "<arg_value>[\"a\", \"b\"]</arg_value>\n</tool_call><tool_call>find\n</tool_call>")
+    out = Glm45Parser().parse(text, SCHEMAS)
+    assert calls(out) == [("find", {"zip": "02134", "tags": ["a", "b"]}), ("find", {})] and out.content is None
+    broken = "<tool_call>find\n<arg_key>zip</arg_key>\nstray text<arg_value>1</arg_value>\n</tool_call>"
+    assert Glm45Parser().parse(broken, SCHEMAS).malformed
+
+
+def test_gemma4_calls_in_its_own_literal_syntax():
+    text = ('Sure.<|tool_call>call:find{days:3,exact:true,note:<|"|>say "hi", then: {go}<|"|>,'
+            'where:{city:<|"|>Paris<|"|>,rooms:[1,2]}}<tool_call|><|tool_call>call:find{}<tool_call|><|tool_response>')
+    out = Gemma4Parser().parse(text, SCHEMAS)
+    assert out.content == "Sure." and not out.malformed
+    assert calls(out) == [("find", {"days": 3, "exact": True, "note": 'say "hi", then: {go}',
+                                    "where": {"city": "Paris", "rooms": [1, 2]}}), ("find", {})]
+    for broken in ('<|tool_call>call:find{zip:<|"|>02134}<tool_call|>', "<|tool_call>call:find{days:3"):
+        assert Gemma4Parser().parse(broken).malformed
+
+
+def test_lfm2_pythonic_calls_between_markers():
+    out = Lfm2Parser().parse("Checking.<|tool_call_start|>[find(zip='02134', days=3), find()]<|tool_call_end|>")
+    assert calls(out) == [("find", {"zip": "02134", "days": 3}), ("find", {})] and out.content == "Checking."
+    assert Lfm2Parser().parse("[find(days=3)] is how I would call it").tool_calls == []  # no markers: text
+    assert Lfm2Parser().parse("<|tool_call_start|>[find(days=]<|tool_call_end|>").malformed
+
+
+TOOL_FAMILIES = [f for f in FAMILIES if f not in ("smollm2", "gemma3")]  # those two templates show no tools
+
+
+@pytest.mark.parametrize("family", TOOL_FAMILIES)
+def test_each_family_parses_a_call_as_its_own_template_writes_it(family, tmp_path_factory):
+    """The template renders an assistant turn that calls a tool; the parser chosen from that
+    template reads the same call back out of the turn's text, arguments typed as they were."""
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir(family, tmp_path_factory.mktemp(family)))
+    fam = FAMILIES[family]  # the stops a model's generation config adds (gpt-oss's <|call|>)
+    chat = ChatFormat.build(tok, eos_ids=tok.convert_tokens_to_ids([fam.eos, *fam.stops]))
+    args = {"zip": "02134", "days": 3, "where": {"city": "Paris"}}
+    call = {"id": "abcdefgh1", "type": "function", "function": {"name": "find", "arguments": json.dumps(args)}}
+    tools = [{"type": "function", "function": {"name": "find", "description": "Find a place.",
+                                               "parameters": SCHEMAS["find"]}}]
+    user = [{"role": "user", "content": "Find it."}]
+    loop = user + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": "abcdefgh1", "content": "found"}]
+    prompt, turn = chat.template.render(user, tools, True), chat.template.render(loop, tools, True)
+    assert turn.startswith(prompt)
+    ids = chat.renderer.encode(turn[len(prompt):])
+    ids = ids[: next(k for k, i in enumerate(ids) if i in chat.stop_ids) + 1]  # as sampled: up to its stop
+    written = chat.text(ids)  # as the server decodes it, keeping the tags its parser reads
+    out = chat.parse(written, tool_schemas(tools))
+    assert calls(out) == [("find", args)], written
+
+
 # ---- reasoning ------------------------------------------------------------------------------------
 
 def test_qwen3_reasoning_split():
@@ -129,6 +229,22 @@ def test_deepseek_r1_reasoning_without_the_start_tag():
     p = ReasoningParser("deepseek_r1")
     assert p.split("reasons</think>answer") == ("reasons", "answer")
     assert p.split("<think>unfinished") == ("unfinished", "")
+
+
+def test_gemma4_reasoning_is_its_thought_channel():
+    p = make_reasoning_parser("gemma4")
+    assert p.split("<|channel>thought\nweigh it<channel|>Yes.") == ("weigh it", "Yes.")
+    assert p.split("Yes.") == (None, "Yes.")
+
+
+@pytest.mark.parametrize("template,tools,reasoning", [("qwen3_5.jinja", "qwen3_coder", "qwen3"),
+                                                      ("glm4_5.jinja", "glm45", "qwen3"),
+                                                      ("gemma4.jinja", "gemma4", "gemma4"),
+                                                      ("lfm2_5.jinja", "lfm2", "qwen3"),
+                                                      ("qwen3.jinja", "hermes", "qwen3")])
+def test_the_models_own_templates_choose_their_parsers(template, tools, reasoning):
+    source = (TEMPLATES / template).read_text()
+    assert (detect_tool_parser(source), detect_reasoning_parser(source)) == (tools, reasoning)
 
 
 def test_parsers_are_chosen_from_the_template():
