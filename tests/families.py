@@ -47,9 +47,11 @@ FAMILIES = {
                        "<|constrain|>", "<|return|>", "<|call|>"), eos="<|return|>", stops=("<|call|>",)),
     "smollm2": Family("smollm2", "smollm2.jinja", "LlamaConfig", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
                       eos="<|im_end|>"),
-    # Formats that write each argument apart. Qwen3.5's and LFM2's own layers keep a recurrent state
-    # the engine cannot batch, and GLM-4.5's are a Qwen-like MoE: their templates on other architectures.
-    "qwen3_5": Family("qwen3_5", "qwen3_5.jinja", "Qwen3Config", QWEN_SPECIAL, QWEN_ADDED, eos="<|im_end|>"),
+    # Formats that write each argument apart, on their models' architectures (GLM-4.5's MoE on Qwen2's).
+    "qwen3_5": Family("qwen3_5", "qwen3_5.jinja", "Qwen3_5TextConfig", QWEN_SPECIAL, QWEN_ADDED, eos="<|im_end|>",
+                      config={"layer_types": ["linear_attention", "full_attention"], "head_dim": 16,
+                              "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                              "linear_value_head_dim": 16}),
     "gemma4": Family("gemma4", "gemma4.jinja", "Gemma4TextConfig",
                      ("<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", '<|"|>',
                       "<|tool_response>", "<tool_response|>", "<|channel>", "<channel|>", "<|tool>", "<tool|>",
@@ -62,9 +64,10 @@ FAMILIES = {
                      ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
                       "<think>", "</think>", "<tool_response>", "</tool_response>"), eos="<|user|>",
                      stops=("<|observation|>",)),
-    "lfm2_5": Family("lfm2_5", "lfm2_5.jinja", "LlamaConfig",
+    "lfm2_5": Family("lfm2_5", "lfm2_5.jinja", "Lfm2Config",
                      ("<|pad|>", "<|startoftext|>", "<|im_start|>", "<|im_end|>", "<|tool_call_start|>",
-                      "<|tool_call_end|>"), ("<think>", "</think>"), bos="<|startoftext|>", eos="<|im_end|>"),
+                      "<|tool_call_end|>"), ("<think>", "</think>"), bos="<|startoftext|>", eos="<|im_end|>",
+                     config={"layer_types": ["conv", "full_attention"]}),
 }
 
 _TEXT = [

@@ -6,12 +6,17 @@ zero padding masked out by the attention mask. Buffers are preallocated along ti
 in place (transformers' DynamicCache concatenates, copying the whole cache every step). A row that
 leaves frees its slot (length 0, every column masked); rows that join are placed in free slots
 (`place`, copying only their own K/V) or appended (`extend`); `keep` compacts.
+
+Layers that keep a fixed-size state per row instead of keys and values (Qwen3.5's linear attention,
+LFM2's short convolutions) hold it in transformers' own LinearAttentionLayer, whose [rows, ...]
+tensors follow the same row operations. A state cannot be cut back to a prefix: a batch with
+states writes no prefix and the engine keeps no prefix cache for it.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, LinearAttentionLayer
 
 HEADROOM = 64  # columns allocated past a batch's width when it is built, grown or joined: decode steps to come
 
@@ -39,18 +44,29 @@ class SlabLayer(DynamicLayer):
         return self.length
 
 
-class BatchKV:
-    """K/V for all running rows plus each row's valid length."""
+def _state_tensors(layer: LinearAttentionLayer) -> list[tuple[dict, int]]:
+    """Where a state layer keeps its [rows, ...] tensors: (the dict, the key) of each one it holds."""
+    return [(states, i) for states, ready in ((layer.conv_states, layer.is_conv_states_initialized),
+                                              (layer.recurrent_states, layer.is_recurrent_states_initialized))
+            for i in states if ready[i]]
 
-    def __init__(self, kbufs: list[torch.Tensor], vbufs: list[torch.Tensor], width: int, lengths: list[int]):
+
+class BatchKV:
+    """K/V for all running rows plus each row's valid length; `states`, in model order, the layers
+    that keep a state instead, and `kinds` what each layer caches ("kv", "state" or "none")."""
+
+    def __init__(self, kbufs: list[torch.Tensor], vbufs: list[torch.Tensor], width: int, lengths: list[int],
+                 states: list[LinearAttentionLayer] | None = None, kinds: tuple[str, ...] = ()):
         self.kbufs, self.vbufs = kbufs, vbufs
         self.width = width  # columns in use (== max over rows of padding + length)
         self.lengths = lengths
+        self.states, self.kinds = states or [], kinds
 
     @classmethod
     def empty(cls, n_layers: int, rows: int, heads: int, head_dim: int, capacity: int, dtype, device,
-              values: tuple[int, int] | None = None) -> "BatchKV":
-        """`values`: heads and size of the values where they are not the keys' (multi-head latent attention)."""
+              values: tuple[int, int] | None = None, kinds: tuple[str, ...] = ()) -> "BatchKV":
+        """`values`: heads and size of the values where they are not the keys' (multi-head latent attention).
+        `kinds`: each layer's cache where some keep a state (the states take their shapes in the first forward)."""
         value_heads, value_dim = values or (heads, head_dim)
         return cls(
             [torch.zeros((rows, heads, capacity, head_dim), dtype=dtype, device=device) for _ in range(n_layers)],
@@ -58,11 +74,15 @@ class BatchKV:
              for _ in range(n_layers)],
             0,
             [0] * rows,
+            [LinearAttentionLayer() for kind in kinds if kind == "state"],
+            kinds,
         )
 
     def write_prefix(self, keys: list[torch.Tensor], values: list[torch.Tensor], length: int) -> None:
         """Start every row (of an empty batch) with the same first `length` tokens' K/V, per layer
         [heads, >= length, head_dim]."""
+        if self.states:
+            raise ValueError("a batch whose layers keep states cannot start from a prefix's keys and values")
         for kbuf, vbuf, k, v in zip(self.kbufs, self.vbufs, keys, values):
             kbuf[:, :, :length] = k[:, :length]
             vbuf[:, :, :length] = v[:, :length]
@@ -83,7 +103,8 @@ class BatchKV:
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nelement() * b.element_size() for b in (*self.kbufs, *self.vbufs))
+        states = [d[i] for layer in self.states for d, i in _state_tensors(layer)]
+        return sum(b.nelement() * b.element_size() for b in (*self.kbufs, *self.vbufs, *states))
 
     @property
     def capacity(self) -> int:
@@ -91,7 +112,14 @@ class BatchKV:
 
     def cache(self) -> Cache:
         """A transformers Cache view over the buffers; forward passes write through it."""
-        return Cache(layers=[SlabLayer(k, v, self.width) for k, v in zip(self.kbufs, self.vbufs)])
+        slabs = [SlabLayer(k, v, self.width) for k, v in zip(self.kbufs, self.vbufs)]
+        if not self.kinds:
+            return Cache(layers=slabs)
+        for layer in self.states:  # what a state layer reports as the sequence's length
+            layer.cumulative_length_linear = torch.tensor(self.width)
+        slab, state = iter(slabs), iter(self.states)
+        return Cache(layers=[next(slab) if kind == "kv" else next(state) if kind == "state" else DummyLayer()
+                             for kind in self.kinds])
 
     def advance(self, columns: int) -> None:
         """Record that a forward pass appended `columns` to every row."""
@@ -121,6 +149,9 @@ class BatchKV:
         self.vbufs = [_stack(a, self.width, b, other.width, width, cap) for a, b in zip(self.vbufs, other.vbufs)]
         self.width = width
         self.lengths = self.lengths + other.lengths
+        for mine, theirs in zip(self.states, other.states):
+            for (states, i), (new, _) in zip(_state_tensors(mine), _state_tensors(theirs)):
+                states[i] = torch.cat([states[i], new[i]])
 
     def free(self, rows: list[int]) -> None:
         """Rows whose slots hold nothing any more: their columns are masked out from now on."""
@@ -138,6 +169,9 @@ class BatchKV:
             buf[:, :, offset:self.width].index_copy_(0, index, new[:, :, :other.width])
         for slot, n in zip(slots, other.lengths):
             self.lengths[slot] = n
+        for mine, theirs in zip(self.states, other.states):
+            for (states, i), (new, _) in zip(_state_tensors(mine), _state_tensors(theirs)):
+                states[i].index_copy_(0, index, new[i])
 
     def keep(self, rows: list[int]) -> None:
         """Keep only `rows` (in that order) and drop columns that are padding for all of them."""
@@ -149,6 +183,9 @@ class BatchKV:
         self.kbufs = [_regrow(b.index_select(0, index), cap, start, self.width) for b in self.kbufs]
         self.vbufs = [_regrow(b.index_select(0, index), cap, start, self.width) for b in self.vbufs]
         self.width, self.lengths = new_width, lengths
+        for layer in self.states:
+            for states, i in _state_tensors(layer):
+                states[i] = states[i].index_select(0, index)
 
 
 def _regrow(buf: torch.Tensor, capacity: int, start: int, end: int) -> torch.Tensor:

@@ -78,7 +78,10 @@ class TorchEngine:
 
     def __init__(self, host: ModelHost, max_batch: int, max_waiting: int, prefix_cache_mb: int, kv_cache_mb: int):
         self.host = host
-        self.prefix = PrefixCache(prefix_cache_mb * 2**20)
+        self._cached = kv_shape(host.base_model)  # what each layer caches per token
+        # A layer's state (Qwen3.5's linear attention) holds a whole prefix and cannot be cut back to a
+        # shorter one: such a model gets no prefix cache.
+        self.prefix = PrefixCache(0 if "state" in self._cached.kinds else prefix_cache_mb * 2**20)
         self.max_batch = max_batch
         self.kv_budget = kv_cache_mb * 2**20
         self.max_waiting = max_waiting
@@ -90,7 +93,6 @@ class TorchEngine:
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="artisan-engine", daemon=True)
         self.text_of: Callable[[list[int]], str] = host.chat.text  # the text stop strings are matched in
-        self._cached = kv_shape(host.base_model)  # what each layer caches per token
         # One column of one row: its key and value in every layer.
         c = self._cached
         self._column_bytes = c.layers * (c.heads * c.head_dim + c.value_heads * c.value_dim) * host.dtype.itemsize
@@ -208,8 +210,9 @@ class TorchEngine:
         return admitted
 
     def kv_bytes(self, rows: int, width: int) -> int:
-        """The K/V of `rows` right-aligned rows `width` columns wide, with the columns allocated past it."""
-        return rows * (width + HEADROOM) * self._column_bytes
+        """The K/V of `rows` right-aligned rows `width` columns wide, with the columns allocated past it,
+        and their layers' states."""
+        return rows * ((width + HEADROOM) * self._column_bytes + self._cached.state_bytes)
 
     def _prefill(self, seqs: list[DecodeSequence]) -> None:
         by_prompt: dict[tuple, list[DecodeSequence]] = {}  # (adapter, ids) -> the rows that sample from it
@@ -279,7 +282,7 @@ class TorchEngine:
     def _empty_kv(self, rows: int, prompt_length: int) -> BatchKV:
         c = self._cached
         return BatchKV.empty(c.layers, rows, c.heads, c.head_dim, prompt_length + HEADROOM, self.host.dtype,
-                             self.host.device, values=(c.value_heads, c.value_dim))
+                             self.host.device, values=(c.value_heads, c.value_dim), kinds=c.kinds)
 
     def _live(self) -> list[DecodeSequence]:
         return [s for s in self._rows if s is not None]

@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 from transformers import PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DummyLayer, DynamicLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 from transformers.pytorch_utils import Conv1D
 
 from server.log_limits import one_line
@@ -65,7 +65,20 @@ def lora_targets(model: torch.nn.Module) -> list[str]:
     for name in modules:
         by_leaf[name.rsplit(".", 1)[-1]].append(kept.get(name, False))  # one the probe never ran: not known to
     fused = _fused_names(model)
-    return sorted(leaf for leaf, rows_apart in by_leaf.items() if all(rows_apart) and leaf not in fused)
+    return sorted(leaf for leaf, rows_apart in by_leaf.items()
+                  if all(rows_apart) and leaf not in fused and _peft_adapts(model, leaf))
+
+
+def _peft_adapts(model: torch.nn.Module, leaf: str) -> bool:
+    """Whether peft will put LoRA on layers of this name: it refuses a Mamba mixer's out_proj."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import _check_lora_target_modules_mamba
+
+    try:
+        _check_lora_target_modules_mamba(LoraConfig(), model, leaf)
+    except ValueError:
+        return False
+    return True
 
 
 def _fused_names(model: torch.nn.Module) -> set[str]:
@@ -197,31 +210,53 @@ def head_mismatch(model: Any) -> str | None:
 
 class KVShape(NamedTuple):
     """What each layer caches per token: `heads` keys of `head_dim`, `value_heads` values of `value_dim`
-    (the same but for multi-head latent attention, which caches a latent and a rotary key)."""
+    (the same but for multi-head latent attention, which caches a latent and a rotary key). `layers`
+    counts the layers that cache keys and values; `kinds` says of every layer in order whether it does
+    ("kv") or keeps a fixed-size state instead ("state": a linear attention's or a short convolution's,
+    as Qwen3.5's and LFM2's do), which takes `state_bytes` a row, or caches nothing ("none": an MoE
+    or MLP block of a hybrid stack, a layer that reads another's keys and values)."""
 
     layers: int
     heads: int
     head_dim: int
     value_heads: int
     value_dim: int
+    kinds: tuple[str, ...] = ()
+    state_bytes: int = 0
 
 
 def kv_shape(model: Any) -> KVShape:
-    """What `model` caches, from the cache of a probe forward: one shape for every layer, plain keys and
-    values (not a linear attention's or a convolution's state), or the torch engine cannot serve it."""
+    """What `model` caches, from the cache of a probe forward: one shape of plain keys and values for
+    every layer that caches them, beside layers that keep a state (transformers' LinearAttentionLayer),
+    or the torch engine cannot serve it."""
     name = model.config.model_type
     try:
         with torch.no_grad():
-            cache = model(input_ids=_probe_ids(model)[:1], use_cache=True).past_key_values
-        layers = list(cache.layers)
-        shapes = {(lay.keys.shape[1], lay.keys.shape[-1], lay.values.shape[1], lay.values.shape[-1])
-                  for lay in layers}
-    except Exception as e:  # noqa: BLE001 - a forward that cannot cache, or a cache of other states
+            layers = list(model(input_ids=_probe_ids(model)[:1], use_cache=True).past_key_values.layers)
+    except Exception as e:  # noqa: BLE001 - a forward that cannot cache
         raise ModelRefused(f"error: the torch engine cannot cache {name}'s layers ({one_line(e, 200)}); serve it "
                            f"with --engine vllm") from None
-    if len(shapes) != 1 or not all(isinstance(lay, DynamicLayer) for lay in layers):
-        kinds = sorted({type(lay).__name__ for lay in layers})
-        raise ModelRefused(f"error: {name}'s layers cache {len(shapes)} shapes in {', '.join(kinds)}; the torch "
-                           f"engine caches one shape of keys and values: serve it with --engine vllm")
+    kinds = tuple(_cache_kind(lay) for lay in layers)
+    shapes = {(lay.keys.shape[1], lay.keys.shape[-1], lay.values.shape[1], lay.values.shape[-1])
+              for lay, kind in zip(layers, kinds) if kind == "kv"}
+    if "?" in kinds:
+        found = sorted({type(lay).__name__ for lay, kind in zip(layers, kinds) if kind == "?"})
+        raise ModelRefused(f"error: the torch engine cannot hold {name}'s {', '.join(found)} caches (keys and values "
+                           f"beside a state in one layer, or another kind): serve it with --engine vllm")
+    if len(shapes) != 1:
+        raise ModelRefused(f"error: {name}'s layers cache {len(shapes)} shapes of keys and values; the torch engine "
+                           f"caches one shape of them: serve it with --engine vllm")
     [shape] = shapes
-    return KVShape(len(layers), *shape)
+    state_bytes = sum(t.nelement() * t.element_size() for lay, kind in zip(layers, kinds) if kind == "state"
+                      for t in [*lay.conv_states.values(), *lay.recurrent_states.values()] if t is not None)
+    return KVShape(kinds.count("kv"), *shape, kinds if set(kinds) != {"kv"} else (), state_bytes)
+
+
+def _cache_kind(layer: Any) -> str:
+    """What a layer of transformers' cache holds, as the engine holds it; "?" for one it cannot (Falcon-H1's
+    keeps keys and a state in one layer, a DynamicLayer that the engine's slabs would strip of its state)."""
+    if type(layer) is LinearAttentionLayer:
+        return "state"
+    if type(layer) is DummyLayer:
+        return "none"
+    return "kv" if isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin) else "?"

@@ -1,7 +1,8 @@
 """Architectures no one tuned for are served and trained as their own forward computes them: the
-layers a LoRA adapts, the logits a step scores sampled tokens with, and the keys and values the engine
-caches are read from the model (server/model/architecture.py), not from Llama's names. A model whose
-forward the trainer cannot follow serves, and creating a run on it is a 400 that says why.
+layers a LoRA adapts, the logits a step scores sampled tokens with, and the keys and values (or the
+linear-attention states) the engine caches are read from the model (server/model/architecture.py),
+not from Llama's names. A model whose forward the trainer cannot follow serves, and creating a run on
+it is a 400 that says why.
 """
 
 from __future__ import annotations
@@ -27,6 +28,19 @@ DEEPSEEK_V3 = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediat
 LLAMA4_TEXT = {"num_key_value_heads": 2, "num_local_experts": 4, "intermediate_size_mlp": 128, "head_dim": 16}
 QWEN2_MOE = {"num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
              "shared_expert_intermediate_size": 32}
+# Layers that keep a state: Qwen3.5's and Qwen3-Next's gated delta rule, LFM2's short convolution,
+# Nemotron-H's Mamba-2 mixer, each beside attention layers. Gemma 4's second layer reads the first's keys.
+QWEN3_5 = {"layer_types": ["linear_attention", "full_attention"], "head_dim": 16, "linear_num_key_heads": 2,
+           "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
+STATEFUL = {"Qwen3_5TextConfig": QWEN3_5,
+            "Qwen3NextConfig": {**QWEN3_5, "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32},
+            "Lfm2Config": {"layer_types": ["conv", "full_attention"], "num_key_value_heads": 2},
+            "NemotronHConfig": {"layers_block_type": ["linear_attention", "full_attention"], "num_key_value_heads": 2,
+                                "head_dim": 16, "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16,
+                                "n_groups": 2, "expand": 2}}
+GEMMA4_SHARED = {"head_dim": 16, "global_head_dim": 16, "layer_types": ["full_attention", "full_attention"],
+                 "num_kv_shared_layers": 1}
 # Each scale far from neutral: a trainer that left it out would be told apart at once.
 SCALED = {"CohereConfig": {"logit_scale": 0.25}, "GraniteConfig": {"logits_scaling": 4.0},
           "Gemma2Config": {"final_logit_softcapping": 0.5, "head_dim": 16, "query_pre_attn_scalar": 16,
@@ -51,19 +65,26 @@ def test_lora_adapts_the_layers_that_take_each_row_apart(architecture, config, t
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("architecture,config,shape", [
-    ("GPT2Config", GPT2, (2, 4, 16, 4, 16)),  # no key-value heads in its config: as many as its heads
-    ("FalconConfig", {}, (2, 1, 16, 1, 16)),  # multi-query: one for all
-    ("Qwen2MoeConfig", QWEN2_MOE, (2, 2, 16, 2, 16)),
-    ("DeepseekV3Config", DEEPSEEK_V3, (2, 1, 16, 1, 8)),  # latent attention: a latent and a rotary key
+@pytest.mark.parametrize("architecture,config,shape,kinds", [
+    ("GPT2Config", GPT2, (2, 4, 16, 4, 16), ()),  # no key-value heads in its config: as many as its heads
+    ("FalconConfig", {}, (2, 1, 16, 1, 16), ()),  # multi-query: one for all
+    ("Qwen2MoeConfig", QWEN2_MOE, (2, 2, 16, 2, 16), ()),
+    ("DeepseekV3Config", DEEPSEEK_V3, (2, 1, 16, 1, 8), ()),  # latent attention: a latent and a rotary key
+    ("Qwen3_5TextConfig", QWEN3_5, (1, 4, 16, 4, 16), ("state", "kv")),
+    ("Lfm2Config", STATEFUL["Lfm2Config"], (1, 2, 16, 2, 16), ("state", "kv")),
+    ("Gemma4TextConfig", GEMMA4_SHARED, (1, 4, 16, 4, 16), ("kv", "none")),  # keys read from the layer before
 ])
-def test_the_engine_caches_what_each_layer_caches(architecture, config, shape, tmp_path_factory):
-    assert kv_shape(_model(architecture, tmp_path_factory.mktemp(architecture), **config)) == shape
+def test_the_engine_caches_what_each_layer_caches(architecture, config, shape, kinds, tmp_path_factory):
+    cached = kv_shape(_model(architecture, tmp_path_factory.mktemp(architecture), **config))
+    assert cached[:5] == shape and cached.kinds == kinds and (cached.state_bytes > 0) == ("state" in kinds)
 
 
 @pytest.mark.unit
-def test_a_cache_of_other_states_is_refused_in_one_line(tmp_path_factory):
-    model = _model("Qwen3NextConfig", tmp_path_factory.mktemp("next"), num_key_value_heads=2)  # linear attention
+def test_a_layer_with_keys_and_a_state_is_refused_in_one_line(tmp_path_factory):
+    """Falcon-H1 keeps a Mamba state and keys in the same layer, a DynamicLayer by its class: served
+    from the engine's slabs it would lose the state and fail on its first request."""
+    model = _model("FalconH1Config", tmp_path_factory.mktemp("h1"), num_key_value_heads=2, head_dim=16,
+                   mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16)
     with pytest.raises(ModelRefused) as refused:
         kv_shape(model)
     assert "--engine vllm" in str(refused.value) and "\n" not in str(refused.value)
@@ -138,6 +159,38 @@ async def test_a_run_samples_trains_and_serves_its_step(architecture, config, tm
         assert result.metrics.logprob_gap is not None and result.metrics.logprob_gap < 1e-3, result.metrics
         served = await client.chat.completions.create(model=f"{model.name}@1", messages=prompt, max_tokens=4)
         assert served.usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize("architecture", [*STATEFUL, "Gemma4TextConfig"])
+async def test_rows_that_keep_states_join_and_leave_the_batch_and_train_exactly(architecture, tmp_path_factory,
+                                                                                  fresh_server_module):
+    """Two-turn rollouts of four lengths, each turn a row that joins the engine's batch, decodes beside
+    the others and leaves when it is done: a row's linear-attention or convolution state follows it
+    through every join and compaction, or the trainer's from-scratch forward would not give the
+    logprobs it was sampled with. A prompt decoded alone and beside longer ones samples the same."""
+    config = GEMMA4_SHARED if architecture == "Gemma4TextConfig" else STATEFUL[architecture]
+    srv = fresh_server_module(model=tiny_architecture_dir(architecture, tmp_path_factory.mktemp("m"), **config))
+    model = await TrainableModel("states").register(srv.url)
+    async with model.openai_client(max_retries=0) as client:
+        async def rollout(i: int) -> Trajectory:
+            traj = Trajectory(messages_and_choices=[{"role": "user", "content": "Hi there " * (1 + 3 * i)}])
+            for _ in range(2):
+                reply = await client.chat.completions.create(model=model.name, messages=traj.messages(),
+                                                             max_tokens=4 + 3 * i, seed=i)
+                traj.messages_and_choices += [reply.choices[0], {"role": "user", "content": "More."}]
+            traj.messages_and_choices.pop()
+            return traj.model_copy(update={"reward": float(i % 2)})
+
+        trajectories = await asyncio.gather(*(rollout(i) for i in range(4)))
+        greedy = {"max_tokens": 8, "temperature": 0, "logprobs": True}
+        alone = await client.chat.completions.create(model=model.name, messages=[{"role": "user", "content": "Hi"}],
+                                                     **greedy)
+        beside = await asyncio.gather(*(client.chat.completions.create(
+            model=model.name, messages=[{"role": "user", "content": "Hi" + " there" * k}], **greedy) for k in (0, 6, 12)))
+        assert beside[0].choices[0].model_extra["token_ids"] == alone.choices[0].model_extra["token_ids"]
+        result = await model.train([TrajectoryGroup(trajectories=list(trajectories))])
+    assert result.trained and result.metrics.trained_choices == 8 and result.metrics.prompt_mismatches == 0
+    assert result.metrics.logprob_gap < 1e-3, result.metrics
 
 
 async def test_a_model_the_trainer_cannot_score_serves_and_refuses_runs(tmp_path, monkeypatch):

@@ -250,3 +250,41 @@ def test_a_placed_row_is_right_aligned_and_a_former_row_s_columns_are_zeroed():
     kv.place([1], new)
     assert kv.kbufs[0][1, 0, :6, 0].tolist() == [0, 0, 0, 1, 2, 3] and kv.lengths == [6, 3]
     assert torch.isnan(kv.kbufs[0][0, 0, :6]).all()  # the other row untouched
+
+
+def _batch_with_states(values: list[float]):
+    """A batch of one state layer (before one attention layer) whose rows' states hold `values`."""
+    from server.engine.kv_cache import BatchKV
+
+    kv = BatchKV.empty(n_layers=1, rows=len(values), heads=1, head_dim=1, capacity=8, dtype=torch.float32,
+                       device="cpu", kinds=("state", "kv"))
+    [layer] = kv.states
+    rows = torch.tensor(values).view(-1, 1, 1)
+    layer.update_conv_state(rows.expand(-1, 1, 2).contiguous())  # a window of two columns
+    layer.update_recurrent_state(rows[..., None].clone())
+    kv.width, kv.lengths = 1, [1] * len(values)
+    return kv
+
+
+@pytest.mark.unit
+def test_a_rows_state_follows_it_through_joins_and_compaction():
+    """Qwen3.5's and LFM2's layers keep a state per row: it moves with its row when rows are appended,
+    placed in free slots and compacted, and the model sees the layers in its own order."""
+    from transformers.cache_utils import LinearAttentionLayer
+
+    from server.engine.kv_cache import SlabLayer
+
+    kv = _batch_with_states([1.0, 2.0])
+    kv.extend(_batch_with_states([3.0]))
+    kv.keep([2, 0])
+    kv.free([1])
+    kv.place([1], _batch_with_states([7.0]))
+    [layer] = kv.states
+    assert layer.conv_states[0][:, 0, 0].tolist() == [3.0, 7.0] and layer.conv_states[0].shape == (2, 1, 2)
+    assert layer.recurrent_states[0].flatten().tolist() == [3.0, 7.0]
+    cache = kv.cache()
+    assert [type(lay) for lay in cache.layers] == [LinearAttentionLayer, SlabLayer]
+    assert cache.get_recurrent_state(0) is layer.recurrent_states[0]
+    assert kv.nbytes == sum(b.nelement() * 4 for b in (*kv.kbufs, *kv.vbufs)) + (2 * 2 + 2) * 4  # and the states
+    with pytest.raises(ValueError):
+        kv.write_prefix([torch.zeros(1, 1, 1)], [torch.zeros(1, 1, 1)], 1)  # a state cannot start from keys
