@@ -93,7 +93,7 @@ class Renderer:
             if not found:
                 return None
             # The sampler's prompt ended at the generation prompt: the model wrote the gap itself.
-            pieces.append(before[: -len(gap)] if gap and before.endswith(gap) else before)
+            pieces.append(self._to_generation_prompt(before[: -len(gap)] if gap and before.endswith(gap) else before))
         pieces.append(rest)
         pos = 0
         for k, s in enumerate(splices):
@@ -105,6 +105,18 @@ class Renderer:
                 return None
             s.body, pos = text[pos:end], end
         return pieces
+
+    def _to_generation_prompt(self, before: str) -> str:
+        """The text before a turn, cut back to where its generation prompt ends, where the template
+        writes more that the model samples itself: Qwen3.5 closes the think block its prompt opens,
+        GLM writes an empty one, and a turn's own reasoning stands there. Not past a stop token or
+        a turn's end: then the turn has no such header (Qwen3.5's answered turns leave it out)."""
+        prompt, end = self.template.format.generation_prompt, self.template.format.turn_end.strip()
+        at = before.rfind(prompt) if prompt else -1
+        tail = before[at + len(prompt):] if at >= 0 else ""
+        if not tail or (end and end in tail) or self.stop_ids & set(self.encode(tail)):
+            return before
+        return before[: at + len(prompt)]
 
     def _assemble(self, pieces: list[str], splices: list[_Splice]) -> RenderedPrompt:
         out = RenderedPrompt([])

@@ -126,13 +126,11 @@ def test_a_sampled_turn_is_spliced_by_id(family, workdir):
         assert rendered.rewritten_turns == 1 and "Paris is nice." in tok.decode(rendered.ids)
         return
     assert rendered.spliced_turns == 1 and rendered.rewritten_turns == 0
-    own = chat.template.render(messages, None, True)
-    if not own.startswith(chat.template.render(first, None, True) + chat.template.format.gap + text):
-        # The history writes the turn other than after the generation prompt: Qwen3.5's leaves out
-        # the `<think>` its prompt opens, GLM's adds an empty think block. The sampled ids stand
-        # where the template puts the turn's text, and the next prompt does not extend the one they
-        # were sampled after (a step trains them apart).
-        assert tok.decode(rendered.ids) == own
+    if rendered.ids[: len(prompt)] != prompt:
+        # The history leaves out the generation prompt's end: Qwen3.5's answered turns lose the
+        # `<think>` it opens. The sampled ids stand where the template puts the turn's text, and the
+        # next prompt does not extend the one they were sampled after (a step trains them apart).
+        assert tok.decode(rendered.ids) == chat.template.render(messages, None, True)
         assert any(rendered.ids[i:i + len(sampled)] == list(sampled) for i in range(len(rendered.ids)))
         return
     assert rendered.ids[: len(prompt) + len(sampled)] == prompt + list(sampled)
@@ -157,6 +155,41 @@ def test_a_sampled_tool_call_followed_by_its_result_renders(family, workdir):
     rendered = chat.renderer.render(messages, [WEATHER], sampled_ids={1: sampled})
     assert rendered.spliced_turns + rendered.rewritten_turns == 1
     assert "21C" in chat.template.tokenizer.decode(rendered.ids)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("smollm2", "gemma3")])  # no tools shown
+def test_a_sampled_call_with_its_reasoning_is_spliced_inside_a_tool_loop(family, workdir):
+    """A turn sampled as the model writes it (its reasoning, then a call in its own format, by other
+    ids than its text would tokenize to) is parsed, and the tool loop's next prompt holds its exact
+    ids right after the prompt it was sampled from: where the template writes a think block after
+    the generation prompt (Qwen3.5 closes the one its prompt opens, GLM writes one), that is model
+    text, not template text."""
+    fam = FAMILIES[family]
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir(family, workdir))
+    chat = ChatFormat.build(tok, eos_ids=tok.convert_tokens_to_ids([fam.eos, *fam.stops]))
+    first = [{"role": "user", "content": "Weather in Paris?"}]
+    turn = {"role": "assistant", "content": None, "reasoning_content": "Look it up.",
+            "tool_calls": [call("abcdefgh1", "get_weather", {"city": "Paris"})]}
+    loop = first + [turn, {"role": "tool", "tool_call_id": "abcdefgh1", "content": "21C"}]
+    prompt = chat.renderer.render(first, [WEATHER]).ids
+    written = chat.template.render(loop, [WEATHER], True)[len(chat.template.render(first, [WEATHER], True)):]
+    canonical = tok.encode(written, add_special_tokens=False)
+    stop = next(k for k, i in enumerate(canonical) if i in chat.stop_ids)
+    said = chat.text(canonical[:stop])
+    sampled = tuple(i for ch in said for i in tok.encode(ch, add_special_tokens=False)) + (canonical[stop],)
+    parsed = chat.parse(chat.text(sampled), {"get_weather": WEATHER["function"]["parameters"]})
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [("get_weather", {"city": "Paris"})]
+    echoed = {**turn, "content": parsed.content, "reasoning_content": parsed.reasoning,
+              "tool_calls": [c.to_openai() for c in parsed.tool_calls]}
+    rendered = chat.renderer.render([*first, echoed, loop[2]], [WEATHER], sampled_ids={1: sampled})
+    if family in ("gpt_oss", "gemma4"):
+        # Harmony rewrites every earlier turn; Gemma 4 writes a tool's result inside the calling turn,
+        # which the probe that locates a turn (a turn of text, then the result) cannot show. Such a
+        # turn trains as its own sequence, from the ids it was sampled as.
+        assert rendered.rewritten_turns == 1
+        return
+    assert rendered.spliced_turns == 1 and rendered.ids[: len(prompt) + len(sampled)] == prompt + list(sampled)
 
 
 @pytest.mark.unit
