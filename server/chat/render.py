@@ -69,7 +69,8 @@ class Renderer:
                    if messages[i].get("role") == "assistant"]
         if not splices:
             return RenderedPrompt(self.encode(text))
-        pieces = self._pieces(messages, tools, add_generation_prompt, kwargs, text, splices)
+        pieces = (self._pieces(messages, tools, add_generation_prompt, kwargs, text, splices)
+                  or self._pieces_by_prefix(messages, tools, kwargs, text, splices))
         if pieces is None:  # the template renders the probes unlike the turns: no splicing at all
             return RenderedPrompt(self.encode(text), rewritten_turns=len(splices),
                                   spliced={s.index: False for s in splices})
@@ -105,6 +106,34 @@ class Renderer:
                 return None
             s.body, pos = text[pos:end], end
         return pieces
+
+    def _pieces_by_prefix(self, messages, tools, kwargs, text: str, splices: list[_Splice]) -> list[str] | None:
+        """`_pieces` where the template renders a turn of text unlike a turn of calls (Gemma 4 writes
+        a tool's result inside the calling turn): each turn begins where the prompt it was sampled
+        after ends, and ends where the conversation through it, rendered alone, parts from `text`
+        (less the template's end of turn, which the sampled stop token stands for). Two renders a
+        turn, where `_pieces` takes one in all."""
+        pieces, pos, end_of_turn = [], 0, self.template.format.turn_end
+        for s in splices:
+            try:
+                before = self.text(messages[: s.index], tools, True, kwargs)
+                through = self.text(messages[: s.index + 1], tools, False, kwargs)
+            except TemplateError:
+                return None
+            if len(before) < pos or not (text.startswith(before) and through.startswith(before)):
+                return None
+            end = len(before)
+            while end < min(len(text), len(through)) and text[end] == through[end]:
+                end += 1
+            # What ends the turn is the sampled stop token's: the template's end of turn, or the token
+            # itself where the template writes it as it goes on (Gemma 4's <|tool_response>).
+            stop = self.tokenizer.decode([s.ids[-1]]) if s.ids and s.ids[-1] in self.stop_ids else ""
+            for closing in (end_of_turn, stop):
+                if closing and end - len(closing) >= len(before) and text.startswith(closing, end - len(closing)):
+                    end -= len(closing)
+            pieces.append(text[pos:len(before)])
+            s.body, pos = text[len(before):end], end
+        return [*pieces, text[pos:]]
 
     def _to_generation_prompt(self, before: str) -> str:
         """The text before a turn, cut back to where its generation prompt ends, where the template
