@@ -116,6 +116,34 @@ def tiny_architecture_dir(architecture: str, root: Path, **config) -> Path:
                        config)
 
 
+def tiny_gemma4_vlm_dir(root: Path) -> Path:
+    """Gemma 4 as its checkpoints are: Gemma4ForConditionalGeneration, a vision tower beside the
+    language model (whose projections share the decoder's names), and the language model's settings
+    (its sliding window among them) nested in `text_config`; on the gemma4 family's tokenizer."""
+    import torch
+    import transformers
+
+    out = root / "model-gemma4-vlm"
+    if (out / "config.json").exists():
+        return out
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir("gemma4", root))
+    text = dict(vocab_size=len(tok), vocab_size_per_layer_input=len(tok), hidden_size=64,
+                hidden_size_per_layer_input=16, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, global_head_dim=16, sliding_window=16,
+                layer_types=["sliding_attention", "full_attention"],
+                eos_token_id=tok.convert_tokens_to_ids("<turn|>"), pad_token_id=tok.pad_token_id)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, position_embedding_size=64)
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration(
+        transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None))
+    model.generation_config.eos_token_id = tok.convert_tokens_to_ids(["<turn|>", "<|tool_response>"])
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "artisan.json").write_text(json.dumps({"name": "gemma4-vlm"}))
+    return out
+
+
 def _tiny_model(out: Path, tok_dir: Path, architecture: str, eos: str, name: str, config: dict,
                 stops: tuple[str, ...] = ()) -> Path:
     import torch

@@ -40,7 +40,28 @@ def _features(module: torch.nn.Module) -> tuple[int, int]:
 
 
 def _block_linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    return {name: m for name, m in model.named_modules() if _linear(m) and BLOCK.search(name)}
+    """The linear layers of the decoder's numbered blocks (not a vision tower's: Gemma 4's has its own)."""
+    inside = _decoder_prefix(model)
+    return {name: m for name, m in model.named_modules()
+            if _linear(m) and BLOCK.search(name) and name.startswith(inside)}
+
+
+def _decoder_prefix(model: torch.nn.Module) -> str:
+    """The module path of the decoder stack with a dot after it ("model.language_model."), or "" where
+    the model is its own stack."""
+    stack = decoder(model)
+    return next((f"{name}." for name, m in model.named_modules() if m is stack and name), "")
+
+
+def outside_decoder(model: torch.nn.Module, targets: list[str]) -> str | None:
+    """peft's `exclude_modules` for a model that holds more than its decoder, where layers outside it
+    share the targets' names (Gemma 4's vision tower has its own q_proj, of a class peft cannot wrap):
+    a run's LoRA adapts the decoder only. None where nothing outside would be taken."""
+    inside = _decoder_prefix(model)
+    if not inside or not any(name.rsplit(".", 1)[-1] in targets and not name.startswith(inside)
+                             for name, _ in model.named_modules()):
+        return None
+    return rf"(?!{re.escape(inside)}).*"
 
 
 def linear_modules(model: torch.nn.Module) -> dict[str, tuple[int, int]]:

@@ -26,7 +26,7 @@ from server.chat.template import TemplateError
 from server.log_limits import one_line
 from server.model import decode_copy, decode_pass
 from server.model.architecture import (ModelRefused, head_mismatch, linear_modules, linear_shapes, lora_targets,
-                                       takes_tree_mask)
+                                       outside_decoder, takes_tree_mask)
 from server.model.memory import GB
 from server.model.source import resolve, served_name
 from server.settings import Settings
@@ -109,26 +109,29 @@ class ModelHost:
             p.requires_grad_(False)
         self.base_model = model
         self.model: Any = model  # becomes a PeftModel when the first adapter is added
-        self.config = model.config
+        # The language model's config: a multimodal checkpoint (Gemma 4's) nests it, and what serving and
+        # training read of a config (the window, sizes, a sliding window) is the language model's.
+        self.config = model.config.get_text_config()
         card = _model_card(self.model_dir)
         own_name = _model_name(self.model_dir, card)
         self.name = name or own_name
         # a learning rate measured for this model (server/training/hyperparams.py), None for most
         self.measured_learning_rate: float | None = card.get("learning_rate")
         self.aliases = {self.name, str(self.model_dir), own_name, *aliases,
-                        *([self.config.name_or_path] if getattr(self.config, "name_or_path", None) else [])}
+                        *([model.config.name_or_path] if getattr(model.config, "name_or_path", None) else [])}
         self.chat = ChatFormat.build(self.tokenizer, chat.template, chat.tool_call_parser, chat.reasoning_parser,
                                      stop_ids_of(self.model_dir, self.config), chat.template_kwargs, chat.stop_tokens)
         self.lock = threading.RLock()
         self.context_window = context_window(self.config)
         self.lora_targets = lora_targets(model)
+        self.lora_excluded = outside_decoder(model, self.lora_targets)  # what shares their names outside the decoder
         mismatch = head_mismatch(model)  # None: a step scores tokens as the forward that sampled them
-        self.untrainable = mismatch and f"{self.name} ({self.config.model_type}) cannot train runs here: {mismatch}"
+        self.untrainable = mismatch and f"{self.name} ({model.config.model_type}) cannot train runs here: {mismatch}"
         self.takes_tree_mask = takes_tree_mask(model)  # whether a row may hold sequences that share a prefix
         self.linear_shapes = linear_shapes(model)
         self.linear_modules = linear_modules(model)
         self.fingerprint = self._fingerprint()
-        self.base_fingerprint = base_fingerprint(model, self.config)  # which runs are this model's
+        self.base_fingerprint = base_fingerprint(model, model.config)  # which runs are this model's
         self.n_params = sum(p.numel() for p in model.parameters())
         self.gradient_checkpointing = False
         self.share_prefix = False  # train sequences that share a prefix in one row (server/training/packing.py)
@@ -143,7 +146,7 @@ class ModelHost:
         """Identifies base weights + tokenizer, so a choice sampled from another model is refused."""
         h = hashlib.sha256()
         h.update(json.dumps(self.tokenizer.get_vocab(), sort_keys=True).encode())
-        h.update(json.dumps(self.config.to_dict(), sort_keys=True, default=str).encode())
+        h.update(json.dumps(self.base_model.config.to_dict(), sort_keys=True, default=str).encode())
         emb = self.base_model.get_input_embeddings().weight
         h.update(emb[: min(8, emb.shape[0])].float().cpu().numpy().tobytes())
         return h.hexdigest()[:16]

@@ -92,4 +92,4 @@ def lora_config(spec: RunSpec, host: ModelHost, engine: Engine) -> Any:
         raise ValueError(f"lora.rank: {spec.lora.rank} is more than this server's engine serves ({limit}; "
                          f"art-server --vllm-max-lora-rank)")
     return LoraConfig(r=spec.lora.rank, lora_alpha=spec.lora.alpha, target_modules=targets,
-                      lora_dropout=0.0, bias="none")
+                      exclude_modules=host.lora_excluded, lora_dropout=0.0, bias="none")

@@ -18,7 +18,7 @@ from client import TrainableModel
 from protocol.trajectory import Trajectory, TrajectoryGroup
 from server.model.architecture import (ModelRefused, decoder, head_mismatch, kv_shape, lora_targets, output_logits,
                                        takes_tree_mask)
-from tests.families import tiny_architecture_dir
+from tests.families import tiny_architecture_dir, tiny_gemma4_vlm_dir
 
 GPT2 = {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 2048}
 BLOOM = {"n_layer": 2, "n_head": 4}
@@ -186,10 +186,33 @@ async def test_rows_that_keep_states_join_and_leave_the_batch_and_train_exactly(
         alone = await client.chat.completions.create(model=model.name, messages=[{"role": "user", "content": "Hi"}],
                                                      **greedy)
         beside = await asyncio.gather(*(client.chat.completions.create(
-            model=model.name, messages=[{"role": "user", "content": "Hi" + " there" * k}], **greedy) for k in (0, 6, 12)))
+            model=model.name, messages=[{"role": "user", "content": "Hi" + " there" * k}], **greedy)
+            for k in (0, 6, 12)))
         assert beside[0].choices[0].model_extra["token_ids"] == alone.choices[0].model_extra["token_ids"]
         result = await model.train([TrajectoryGroup(trajectories=list(trajectories))])
     assert result.trained and result.metrics.trained_choices == 8 and result.metrics.prompt_mismatches == 0
+    assert result.metrics.logprob_gap < 1e-3, result.metrics
+
+
+async def test_a_multimodal_checkpoint_trains_its_language_model(tmp_path_factory, fresh_server_module):
+    """Gemma 4's checkpoints hold a vision tower whose projections share the decoder's names (in a class
+    peft cannot wrap), and nest the language model's config, sliding window included: a run adapts the
+    decoder only, and sequences longer than the window are not packed under one mask that ignores it."""
+    srv = fresh_server_module(model=tiny_gemma4_vlm_dir(tmp_path_factory.mktemp("vlm")))
+    model = await TrainableModel("vlm").register(srv.url)
+    async with model.openai_client(max_retries=0) as client:
+        async def rollout(i: int) -> Trajectory:
+            traj = Trajectory(messages_and_choices=[{"role": "user", "content": "Describe the weather " * (2 + i)}])
+            for _ in range(2):  # past the 16-token window
+                reply = await client.chat.completions.create(model=model.name, messages=traj.messages(),
+                                                             max_tokens=12, seed=i)
+                traj.messages_and_choices += [reply.choices[0], {"role": "user", "content": "And tomorrow?"}]
+            traj.messages_and_choices.pop()
+            return traj.model_copy(update={"reward": float(i % 2)})
+
+        trajectories = await asyncio.gather(*map(rollout, range(4)))
+        result = await model.train([TrajectoryGroup(trajectories=list(trajectories))])
+    assert result.trained and result.metrics.prompt_mismatches == 0, result.warnings
     assert result.metrics.logprob_gap < 1e-3, result.metrics
 
 
