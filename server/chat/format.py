@@ -15,9 +15,9 @@ from typing import Any, Iterable, Sequence
 from server.chat.parsers import (ReasoningParser, detect_reasoning_parser, detect_tool_parser, make_reasoning_parser,
                                  make_tool_parser)
 from server.chat.render import Renderer
+from server.chat.sampled_turns import SampledTurns
 from server.chat.template import PROBE_TOOL, ChatTemplate, TemplateError
 from server.chat.tool_calls import ParsedOutput, ToolParser, ToolSchemas
-from server.chat.sampled_turns import SampledTurns
 
 log = logging.getLogger("artisan.chat")
 
@@ -121,7 +121,7 @@ class ChatFormat:
             return "", None
         after = turn[len(prompt):] if turn.startswith(prompt) else ""
         start = self.tool_parser.starts_call(after)
-        if not start and start != 0:
+        if start is None:
             return "", None
         stop = next((i for i in self.renderer.encode(after[start:]) if i in self.stop_ids), None)
         return after[:start], stop
