@@ -215,6 +215,8 @@ class ChatCompletionRequest(OpenAISampling):
     audio: refused(dict[str, Any] | None, "art-server samples text only") = None
     modalities: list[Literal["text"]] | None = None  # text only
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
+    # Reaches the model as its template reads it (gpt-oss's system message), as vLLM passes it.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
     @field_validator("messages")
     @classmethod
@@ -242,6 +244,8 @@ class ChatCompletionRequest(OpenAISampling):
             raise ValueError(f"tool_choice names {named!r}, which is not among the tools")
         if self.tool_choice == "required" and not self.tools:
             raise ValueError("tool_choice 'required' needs tools")
+        if self.reasoning_effort is not None:  # chat_template_kwargs, where it names one, wins
+            self.chat_template_kwargs = {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
         return self
 
     def token_budget(self) -> int | None:

@@ -289,6 +289,25 @@ def test_named_tool_choice_and_json_response_format(tiny_servers):
         assert set(json.loads(resp.choices[0].message.content)) == {"score"}
 
 
+def test_reasoning_effort_reaches_the_template_that_reads_it(tiny_servers):
+    """gpt-oss's template writes `Reasoning: <effort>` in its system message; vLLM hands
+    `reasoning_effort` to the template, and so does art-server (chat_template_kwargs wins)."""
+    srv = tiny_servers("gpt_oss")
+    tok = AutoTokenizer.from_pretrained(srv.model)
+    with openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300) as client:
+        def prompt(**extra) -> str:
+            reply = client.chat.completions.create(model="gpt_oss", max_tokens=1, messages=[
+                {"role": "user", "content": "Hi"}], **extra)
+            return tok.decode(reply.model_extra["prompt_token_ids"])
+
+        assert "Reasoning: medium" in prompt()  # the template's default
+        assert "Reasoning: high" in prompt(reasoning_effort="high")
+        assert "Reasoning: low" in prompt(reasoning_effort="high", extra_body={
+            "chat_template_kwargs": {"reasoning_effort": "low"}})
+        with pytest.raises(openai.BadRequestError):
+            prompt(reasoning_effort="extreme")
+
+
 async def test_qwen3_turns_that_do_not_extend_get_their_own_sequences(tiny_servers):
     """With thinking off, Qwen3's generation prompt holds an empty think block that its history
     does not: after a new user message the next prompt does not extend the last one. Both turns
