@@ -359,7 +359,7 @@ def detect_tool_parser(template: str) -> str:
     if "<tool_call>" in template:
         # Qwen3.5's and GLM's templates keep Hermes' tag around arguments of their own.
         return "qwen3_coder" if "<function=" in template else "glm45" if "<arg_key>" in template else "hermes"
-    if "<|tool_call_start|>" in template:
+    if "<|tool_call_start|>" in template or "<|tool_list_start|>" in template:  # LFM2's first names no call tag
         return "lfm2"
     if "[TOOL_CALLS]" in template:
         return "mistral"

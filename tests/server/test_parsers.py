@@ -253,4 +253,6 @@ def test_parsers_are_chosen_from_the_template():
     assert detect_tool_parser("<|start_header_id|>ipython ... \"parameters\": ") == "llama3_json"
     assert detect_tool_parser("<|channel|>") == "openai" and detect_reasoning_parser("<|channel|>") == "openai"
     assert detect_tool_parser("<start_of_turn>") == "none"
+    # LFM2's first template lists tools between its tags and leaves the model's call tags to the model
+    assert detect_tool_parser("<|tool_list_start|>[...]<|tool_list_end|>") == "lfm2"
     assert detect_reasoning_parser("<think>") == "qwen3" and detect_reasoning_parser("plain") == "none"
