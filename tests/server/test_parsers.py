@@ -124,10 +124,10 @@ def test_harmony_recipient_in_the_role_header(text):
 
 # ---- formats that write each argument apart (Qwen3.5, GLM-4.5, Gemma 4, LFM2) ---------------------
 
-SCHEMAS = tool_schemas([{"type": "function", "function": {"name": "find", "parameters": {"type": "object", "properties": {
-    "zip": {"type": "string"}, "days": {"type": "integer"}, "exact": {"type": "boolean"},
-    "where": {"type": "object"}, "tags": {"type": ["array", "null"]}, "note": {"anyOf": [{"type": "string"},
-                                                                                      {"type": "null"}]}}}}}])
+FIND = {"type": "object", "properties": {
+    "zip": {"type": "string"}, "days": {"type": "integer"}, "exact": {"type": "boolean"}, "where": {"type": "object"},
+    "tags": {"type": ["array", "null"]}, "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}
+SCHEMAS = tool_schemas([{"type": "function", "function": {"name": "find", "parameters": FIND}}])
 
 
 def test_an_argument_written_as_text_is_read_as_its_schema_types_it():
@@ -143,9 +143,9 @@ def test_an_argument_written_as_text_is_read_as_its_schema_types_it():
 
 def test_qwen3_coder_calls_are_typed_by_the_tools_schema():
     text = ("Looking.\n<tool_call>\n<function=find>\n<parameter=zip>\n02134\n</parameter>\n<parameter=days>\n3\n"
-            "</parameter>\n<parameter=exact>\nTrue\n</parameter>\n<parameter=where>\n{\"city\": \"Paris\"}\n</parameter>"
-            "\n<parameter=note>\nline one\nline two\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
-            "<function=find>\n</function>\n</tool_call>")
+            "</parameter>\n<parameter=exact>\nTrue\n</parameter>\n<parameter=where>\n{\"city\": \"Paris\"}\n"
+            "</parameter>\n<parameter=note>\nline one\nline two\n</parameter>\n</function>\n</tool_call>\n"
+            "<tool_call>\n<function=find>\n</function>\n</tool_call>")
     out = Qwen3CoderParser().parse(text, SCHEMAS)
     assert out.content == "Looking." and not out.malformed
     assert calls(out) == [("find", {"zip": "02134", "days": 3, "exact": True, "where": {"city": "Paris"},
