@@ -249,20 +249,32 @@ class PythonicParser(ToolParser):
             return ParsedOutput(content=text, malformed=True)
         if not isinstance(tree, ast.List) or not tree.elts:
             return ParsedOutput(content=text)
-        calls = [self._one(e) for e in tree.elts]
+        calls = [self._one(e, body) for e in tree.elts]
         if any(c is None for c in calls):
             return ParsedOutput(content=text, malformed=True)
         return ParsedOutput(content=None, tool_calls=calls)
 
     @staticmethod
-    def _one(node: ast.expr) -> ParsedCall | None:
+    def _one(node: ast.expr, source: str) -> ParsedCall | None:
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
             return None
         try:
-            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+            args = {kw.arg: _literal(kw.value, source) for kw in node.keywords}
         except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):  # not a literal, {[1]: 2}, ...
             return None
         return make_call(node.func.id, args)
+
+
+def _literal(node: ast.expr, source: str) -> Any:
+    """A call argument's value: a Python literal, or JSON where a template writes a mapping with
+    `tojson` (LFM2.5's: `{"a": true}` is no Python literal)."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        try:
+            return json.loads(ast.get_source_segment(source, node) or "")
+        except (json.JSONDecodeError, RecursionError):
+            raise ValueError("neither a Python literal nor JSON") from None
 
 
 class Lfm2Parser(PythonicParser):

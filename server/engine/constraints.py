@@ -167,6 +167,30 @@ def _gemma4_call(chat: ChatFormat, tool: Any) -> str:
     return " ".join([json.dumps(f"call:{tool.function.name}{{"), comma.join(arguments), json.dumps("}")])
 
 
+def _quoted_text(schema: dict[str, Any]) -> str:
+    """A string argument between single quotes, as LFM2.5's template writes one (it escapes nothing)."""
+    longest = schema.get("maxLength")
+    bound = f"{{0,{int(longest)}}}" if isinstance(longest, int) else "*"
+    return "\"'\" /[^'\\n]" + bound + "/ \"'\""
+
+
+def _pythonic_call(tool: Any) -> str:
+    """LFM2.5's `name(key=value, ...)`: the required arguments in the schema's order, a string quoted
+    as its template quotes it ('text'), a boolean as Python writes it, anything else as JSON."""
+    parameters = tool.function.parameters or {}
+    properties, required = parameters.get("properties") or {}, set(parameters.get("required") or [])
+    arguments = []
+    for key, schema in properties.items():
+        if key not in required:
+            continue
+        types = schema_types(schema)
+        value = (_quoted_text(schema) if types == {"string"} else '("True" | "False")' if types == {"boolean"}
+                 else f"%json {json.dumps({'x-guidance': JSON_STYLE, **closed(schema)})}")
+        arguments.append(f"{json.dumps(key + '=')} {value}")
+    comma = f" {json.dumps(', ')} "
+    return " ".join([json.dumps(f"{tool.function.name}("), comma.join(arguments), json.dumps(")")])
+
+
 def _tool_grammar(chat: ChatFormat, tools: list[Any], parallel: bool) -> str:
     """Lark for one or more calls to `tools`, written as the model's own template writes them."""
     parser, tag = chat.tool_parser.name, functools.partial(_token, chat)
@@ -191,6 +215,10 @@ def _tool_grammar(chat: ChatFormat, tools: list[Any], parallel: bool) -> str:
     elif parser == "gemma4":
         call = f'{tag("<|tool_call>")} ({" | ".join(_gemma4_call(chat, t) for t in tools)}) {tag("<tool_call|>")}'
         return f"start: call{'+' if parallel else ''}\ncall: {call}\n"  # one call right after another
+    elif parser == "lfm2":  # a pythonic list: [f(a='text', n=3), g()]
+        more = ' (", " call)*' if parallel else ""
+        call = " | ".join(_pythonic_call(t) for t in tools)
+        return f'start: {tag("<|tool_call_start|>")} "[" call{more} "]" {tag("<|tool_call_end|>")}\ncall: {call}\n'
     else:
         raise ConstraintError(f"tool_choice 'required' or a named function is not supported for the {parser!r} "
                               f"tool-call format", "tool_choice")

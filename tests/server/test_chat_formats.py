@@ -236,11 +236,12 @@ NO_THINKING = ("--chat-template-kwargs", '{"enable_thinking": false}')
 
 @pytest.mark.parametrize("family,extra", [("qwen2_5", ()), ("qwen3", ()), ("llama3_1", ()), ("mistral_v0_3", ()),
                                           ("qwen3_5", ()), ("qwen3_5", NO_THINKING), ("glm4_5", ()),
-                                          ("gemma4", ())])
+                                          ("gemma4", ()), ("lfm2_5", ())])
 async def test_a_forced_tool_call_round_trips_and_trains(family, extra, tiny_servers):
     """tool_choice "required" makes even a random model call a tool in its family's format (JSON,
-    Qwen3.5's and GLM's tags around each argument, Gemma 4's literals); the call parses, its result goes back, the
-    next prompt holds the call's exact ids, and a step on those trajectories trains token-exactly."""
+    Qwen3.5's and GLM's tags around each argument, Gemma 4's literals, LFM2.5's Python); the call
+    parses, its result goes back, the next prompt holds the call's exact ids, and a step on those
+    trajectories trains token-exactly."""
     srv = tiny_servers(family, *extra)
 
     model = await TrainableModel(f"{family}-tools").register(srv.url)

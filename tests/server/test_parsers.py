@@ -187,6 +187,9 @@ def test_lfm2_pythonic_calls_between_markers():
     assert calls(out) == [("find", {"zip": "02134", "days": 3}), ("find", {})] and out.content == "Checking."
     assert Lfm2Parser().parse("[find(days=3)] is how I would call it").tool_calls == []  # no markers: text
     assert Lfm2Parser().parse("<|tool_call_start|>[find(days=]<|tool_call_end|>").malformed
+    # LFM2.5's template writes a mapping argument with tojson: JSON, not a Python literal
+    written = Lfm2Parser().parse('<|tool_call_start|>[find(where={"open": true, "near": null})]<|tool_call_end|>')
+    assert calls(written) == [("find", {"where": {"open": True, "near": None}})]
 
 
 TOOL_FAMILIES = [f for f in FAMILIES if f not in ("smollm2", "gemma3")]  # those two templates show no tools
