@@ -116,7 +116,7 @@ class BatchKV:
         if not self.kinds:
             return Cache(layers=slabs)
         for layer in self.states:  # what a state layer reports as the sequence's length
-            layer.cumulative_length_linear = torch.tensor(self.width)
+            layer.cumulative_length_linear = torch.tensor(self.width, device=self.kbufs[0].device)
         slab, state = iter(slabs), iter(self.states)
         return Cache(layers=[next(slab) if kind == "kv" else next(state) if kind == "state" else DummyLayer()
                              for kind in self.kinds])
