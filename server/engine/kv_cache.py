@@ -10,13 +10,15 @@ leaves frees its slot (length 0, every column masked); rows that join are placed
 Layers that keep a fixed-size state per row instead of keys and values (Qwen3.5's linear attention,
 LFM2's short convolutions) hold it in transformers' own LinearAttentionLayer, whose [rows, ...]
 tensors follow the same row operations. A state cannot be cut back to a prefix: a batch with
-states writes no prefix and the engine keeps no prefix cache for it.
+states starts from a prefix's keys only with the states after that whole prefix.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, LinearAttentionLayer
+
+from server.engine.prefix_cache import RowState
 
 HEADROOM = 64  # columns allocated past a batch's width when it is built, grown or joined: decode steps to come
 
@@ -51,6 +53,23 @@ def _state_tensors(layer: LinearAttentionLayer) -> list[tuple[dict, int]]:
             for i in states if ready[i]]
 
 
+def _start_state(layer: LinearAttentionLayer, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor],
+                 rows: int) -> None:
+    """`layer` holding, in each of `rows` rows, a state a forward left after a prefix: as transformers'
+    own update leaves it, so that the next forward continues from it."""
+    for i, t in conv.items():
+        layer.conv_states[i] = t.expand(rows, *t.shape).clone()
+        layer.is_conv_states_initialized[i], layer.conv_kernel_size[i] = True, t.shape[-1]
+    for i, t in recurrent.items():
+        layer.recurrent_states[i] = t.expand(rows, *t.shape).clone()
+        layer.is_recurrent_states_initialized[i] = True
+    for i in {*conv, *recurrent}:
+        layer.has_previous_state[i] = True
+    first = next(iter([*conv.values(), *recurrent.values()]), None)
+    if first is not None:
+        layer.dtype, layer.device = first.dtype, first.device
+
+
 class BatchKV:
     """K/V for all running rows plus each row's valid length; `states`, in model order, the layers
     that keep a state instead, and `kinds` what each layer caches ("kv", "state" or "none")."""
@@ -78,11 +97,15 @@ class BatchKV:
             kinds,
         )
 
-    def write_prefix(self, keys: list[torch.Tensor], values: list[torch.Tensor], length: int) -> None:
+    def write_prefix(self, keys: list[torch.Tensor], values: list[torch.Tensor], length: int,
+                     states: list[RowState] | None = None) -> None:
         """Start every row (of an empty batch) with the same first `length` tokens' K/V, per layer
-        [heads, >= length, head_dim]."""
-        if self.states:
-            raise ValueError("a batch whose layers keep states cannot start from a prefix's keys and values")
+        [heads, >= length, head_dim], and where layers keep states, with their states after those
+        `length` tokens exactly."""
+        if self.states and (states is None or len(states) != len(self.states)):
+            raise ValueError("a batch whose layers keep states starts from a prefix only with its states")
+        for layer, (conv, recurrent) in zip(self.states, states or ()):
+            _start_state(layer, conv, recurrent, self.rows)
         for kbuf, vbuf, k, v in zip(self.kbufs, self.vbufs, keys, values):
             kbuf[:, :, :length] = k[:, :length]
             vbuf[:, :, :length] = v[:, :length]
@@ -96,6 +119,12 @@ class BatchKV:
         for buf in (*self.kbufs, *self.vbufs):
             buf[:, :, :width].masked_fill_(pad[:, None, :, None], 0)  # not a product: NaN * 0 is NaN
         self.width, self.lengths = width, list(lengths)
+
+    def row_states(self, row: int) -> list[RowState]:
+        """A copy of `row`'s state in every layer that keeps one (for the prefix cache)."""
+        return [({i: t[row].clone() for i, t in layer.conv_states.items() if layer.is_conv_states_initialized[i]},
+                 {i: t[row].clone() for i, t in layer.recurrent_states.items()
+                  if layer.is_recurrent_states_initialized[i]}) for layer in self.states]
 
     @property
     def rows(self) -> int:

@@ -11,7 +11,9 @@ An entry holds one token sequence's K/V as computed under one adapter. It is dro
 is loaded again or unloaded (the engine calls `drop`), so a hit is always the weights the request
 decodes with. Logprobs after a cached prefix equal a full prefill's up to float rounding: the
 trainer's recomputation (logprob_gap) is the check. Entries are kept least recently used within a
-byte budget; prompts shorter than `min_tokens` are not worth the copies and never enter.
+byte budget; prompts shorter than `min_tokens` are not worth the copies and never enter. Where layers
+keep a state (a linear attention's), an entry holds the state after its last token too, and is
+reused only whole.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from dataclasses import dataclass
 import torch
 
 MIN_TOKENS = 256
+# One row's state in a layer that keeps one: its convolution's and its recurrence's tensors, by
+# transformers' state index (server/engine/kv_cache.py).
+RowState = tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]
 
 
 def shared_length(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -37,10 +42,12 @@ class Entry:
     ids: torch.Tensor  # [L], on the CPU: compared with each new prompt
     keys: list[torch.Tensor]  # per layer, [heads, L, head_dim]
     values: list[torch.Tensor]
+    states: list[RowState] | None = None  # per layer that keeps one, its state after all L tokens
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        states = [t for conv, recurrent in self.states or () for t in (*conv.values(), *recurrent.values())]
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values, *states))
 
 
 @dataclass(frozen=True)
@@ -50,8 +57,11 @@ class Hit:
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int, min_tokens: int = MIN_TOKENS):
-        self.max_bytes, self.min_tokens = max_bytes, min_tokens
+    """`whole`: an entry is reused only as a whole, where the model keeps states that cannot be cut
+    back to a shorter prefix (Qwen3.5's linear attention)."""
+
+    def __init__(self, max_bytes: int, min_tokens: int = MIN_TOKENS, whole: bool = False):
+        self.max_bytes, self.min_tokens, self.whole = max_bytes, min_tokens, whole
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # least recently used first
         self.nbytes = self.hits = self.tokens_reused = 0  # read by /health from another thread
 
@@ -69,6 +79,8 @@ class PrefixCache:
             if entry.adapter != adapter:
                 continue
             shared = shared_length(entry.ids, prompt[:-1])
+            if self.whole and shared < len(entry.ids):
+                continue
             if shared >= self.min_tokens and (best is None or shared > best.length):
                 best = Hit(entry, shared)
         if best is not None:
@@ -77,9 +89,11 @@ class PrefixCache:
             self.tokens_reused += best.length
         return best
 
-    def add(self, adapter: str | None, ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        """Keep the K/V of `ids` (per layer [heads, len(ids), head_dim], not shared with any batch).
-        An entry they extend is replaced by them; one that already covers them stays alone."""
+    def add(self, adapter: str | None, ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor],
+            states: list[RowState] | None = None) -> None:
+        """Keep the K/V of `ids` (per layer [heads, len(ids), head_dim], not shared with any batch),
+        and the states after them. An entry they extend is replaced by them; one that already covers
+        them stays alone."""
         if not self.wants(ids):
             return
         prompt = torch.tensor(ids)
@@ -91,7 +105,7 @@ class PrefixCache:
                     self._entries.move_to_end(key)
                     return
                 self._remove(key)
-        entry = Entry(adapter, prompt, keys, values)
+        entry = Entry(adapter, prompt, keys, values, states)
         if entry.nbytes > self.max_bytes:
             return
         self._entries[id(entry)] = entry

@@ -36,7 +36,7 @@ from server.engine.constraints import ConstraintState
 from server.engine.kv_cache import HEADROOM, BatchKV
 from server.engine.prefix_cache import Hit, PrefixCache
 from server.engine.sampling import sample
-from server.model.architecture import kv_shape
+from server.model.architecture import continues_from_cache, kv_shape
 from server.model.threads import own_threads
 from server.model.memory import available_memory, trim
 from server.model.host import ModelHost
@@ -80,8 +80,10 @@ class TorchEngine:
         self.host = host
         self._cached = kv_shape(host.base_model)  # what each layer caches per token
         # A layer's state (Qwen3.5's linear attention) holds a whole prefix and cannot be cut back to a
-        # shorter one: such a model gets no prefix cache.
-        self.prefix = PrefixCache(0 if "state" in self._cached.kinds else prefix_cache_mb * 2**20)
+        # shorter one: such a model reuses a cached prefix only whole, where its forward continues one.
+        stateful = "state" in self._cached.kinds
+        cacheable = not stateful or continues_from_cache(host.base_model)
+        self.prefix = PrefixCache(prefix_cache_mb * 2**20 if cacheable else 0, whole=stateful)
         self.max_batch = max_batch
         self.kv_budget = kv_cache_mb * 2**20
         self.max_waiting = max_waiting
@@ -254,10 +256,11 @@ class TorchEngine:
         prompt, adapter = group[0].request.prompt_ids, group[0].request.policy.adapter
         kv, logits = self._forward_prompts(group[:1], hit)
         keys, values = [k[0, :, :len(prompt)] for k in kv.kbufs], [v[0, :, :len(prompt)] for v in kv.vbufs]
-        self.prefix.add(adapter, prompt, [k.clone() for k in keys], [v.clone() for v in values])
+        states = kv.row_states(0) if kv.states else None
+        self.prefix.add(adapter, prompt, [k.clone() for k in keys], [v.clone() for v in values], states)
         if len(group) > 1:
             kv = self._empty_kv(len(group), len(prompt))
-            kv.write_prefix(keys, values, len(prompt))
+            kv.write_prefix(keys, values, len(prompt), states)
             logits = logits.expand(len(group), -1).contiguous()
         self._join(group, kv, logits)
 
@@ -268,7 +271,7 @@ class TorchEngine:
         ids = torch.tensor([s.request.prompt_ids[start:] for s in rows], device=self.host.device)
         kv = self._empty_kv(len(rows), length)
         if hit is not None:
-            kv.write_prefix(hit.entry.keys, hit.entry.values, start)
+            kv.write_prefix(hit.entry.keys, hit.entry.values, start, hit.entry.states)
         out = self.host.decode(
             ids, [s.request.policy.adapter for s in rows],
             past_key_values=kv.cache(), use_cache=True,
@@ -408,4 +411,5 @@ class TorchEngine:
             if len(ids) == length and self.prefix.wants(ids):
                 start = kv.width - length
                 self.prefix.add(s.request.policy.adapter, ids, [k[r, :, start:kv.width].clone() for k in kv.kbufs],
-                                [v[r, :, start:kv.width].clone() for v in kv.vbufs])
+                                [v[r, :, start:kv.width].clone() for v in kv.vbufs],
+                                kv.row_states(r) if kv.states else None)  # its states after `length` tokens

@@ -273,6 +273,22 @@ def kv_shape(model: Any) -> KVShape:
     return KVShape(kinds.count("kv"), *shape, kinds if set(kinds) != {"kv"} else (), state_bytes)
 
 
+def continues_from_cache(model: Any) -> bool:
+    """Whether a forward of several tokens continues from the cache a shorter forward left, as
+    from the prompt alone: what lets the engine start a prompt from a cached prefix's states
+    (a linear attention's, a convolution's), which can only be taken whole."""
+    ids = torch.tensor([TREE * 3], device=model.get_input_embeddings().weight.device)
+    cut = ids.shape[1] // 2
+    try:
+        with torch.no_grad():
+            whole = model(input_ids=ids, use_cache=False).logits[0, cut:].float()
+            cache = model(input_ids=ids[:, :cut], use_cache=True).past_key_values
+            rest = model(input_ids=ids[:, cut:], past_key_values=cache, use_cache=True).logits[0].float()
+    except Exception:  # noqa: BLE001 - a model that cannot continue does not
+        return False
+    return bool((whole - rest).abs().max() <= _tolerance(model.dtype) * (1 + whole.abs().max()))
+
+
 def _cache_kind(layer: Any) -> str:
     """What a layer of transformers' cache holds, as the engine holds it; "?" for one it cannot (Falcon-H1's
     keeps keys and a state in one layer, a DynamicLayer that the engine's slabs would strip of its state)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import openai
 import pytest
 import torch
@@ -192,6 +193,37 @@ async def test_rows_that_keep_states_join_and_leave_the_batch_and_train_exactly(
         result = await model.train([TrajectoryGroup(trajectories=list(trajectories))])
     assert result.trained and result.metrics.trained_choices == 8 and result.metrics.prompt_mismatches == 0
     assert result.metrics.logprob_gap < 1e-3, result.metrics
+
+
+@pytest.mark.parametrize("architecture", list(STATEFUL))
+async def test_a_turn_after_a_long_prompt_starts_from_the_states_it_left(architecture, tmp_path_factory,
+                                                                         fresh_server_module):
+    """A layer's state holds its whole prefix, so the prefix cache keeps it with a finished turn's keys
+    and reuses the entry only whole: the next turn prefills only its new tokens, and samples (two rows
+    from one prompt) as a full forward of the model would."""
+    model_dir = tiny_architecture_dir(architecture, tmp_path_factory.mktemp("m"), **STATEFUL[architecture])
+    srv = fresh_server_module(model=model_dir)
+    async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
+        messages = [{"role": "user", "content": "Hi there " * 150}]
+        first = await client.chat.completions.create(model=model_dir.name.removeprefix("model-"),
+                                                     messages=messages, max_tokens=6, seed=1)
+        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "More."}]
+        before = httpx.get(srv.url + "/health").json()["prefix_cache"]
+        second = await client.chat.completions.create(model=first.model, messages=messages, max_tokens=6, seed=2,
+                                                      n=2, logprobs=True)
+        after = httpx.get(srv.url + "/health").json()["prefix_cache"]
+    assert after["hits"] == before["hits"] + 1
+    kept = len(first.model_extra["prompt_token_ids"]) + len(first.choices[0].model_extra["token_ids"]) - 1
+    assert after["tokens_reused"] - before["tokens_reused"] == kept
+    model = _model(architecture, model_dir.parent, **STATEFUL[architecture])
+    prompt = second.model_extra["prompt_token_ids"]
+    for choice in second.choices:
+        ids = choice.model_extra["token_ids"]
+        with torch.no_grad():
+            full = torch.log_softmax(model(input_ids=torch.tensor([prompt + ids])).logits[0].float(), -1)
+        want = torch.tensor([full[len(prompt) - 1 + k, t].item() for k, t in enumerate(ids)])
+        got = torch.tensor([e.logprob for e in choice.logprobs.content])
+        assert (got - want).abs().max().item() <= 1e-4
 
 
 async def test_a_multimodal_checkpoint_trains_its_language_model(tmp_path_factory, fresh_server_module):

@@ -64,3 +64,16 @@ def test_entries_go_least_recently_used_first_within_the_budget_and_with_their_a
     off = PrefixCache(max_bytes=0, min_tokens=4)
     off.add("a", first, *kv(8))
     assert not off.wants(first) and len(off) == 0
+
+
+def test_an_entry_with_states_is_reused_only_whole():
+    """A linear attention's state holds its whole prefix and cannot be cut back: a prompt that
+    shares only part of such an entry prefills from scratch, one that extends all of it reuses it."""
+    cache = PrefixCache(max_bytes=10**6, min_tokens=4, whole=True)
+    state = [({0: torch.ones(3, 2)}, {0: torch.ones(2, 2, 2)})]
+    cache.add("run@1", list(range(10)), *kv(10), states=state)
+    assert cache.find("run@1", list(range(8)) + [50, 51, 52]) is None  # 8 shared of 10
+    assert cache.find("run@1", list(range(10))) is None  # its last token must be computed: 9 of 10
+    hit = cache.find("run@1", list(range(10)) + [50, 51])
+    assert hit.length == 10 and hit.entry.states is state
+    assert cache.nbytes == 10 * TOKEN_BYTES + (6 + 8) * 4  # the states count against the budget
