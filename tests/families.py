@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from tests.real_models import TEMPLATES
 
@@ -98,6 +99,25 @@ def tokenizer_dir(name: str, root: Path) -> Path:
     fast.chat_template = (TEMPLATES / fam.template).read_text()
     fast.save_pretrained(out)
     return out
+
+
+def family_format(name: str, root: Path) -> Any:
+    """The family's ChatFormat as a served model of it builds one: its template, and the stop ids its
+    generation config adds (gpt-oss's <|call|>, GLM's <|observation|>)."""
+    from transformers import AutoTokenizer
+
+    from server.chat.format import ChatFormat
+
+    tok, fam = AutoTokenizer.from_pretrained(tokenizer_dir(name, root)), FAMILIES[name]
+    return ChatFormat.build(tok, eos_ids=tok.convert_tokens_to_ids([fam.eos, *fam.stops]))
+
+
+def written_turn(chat: Any, prompt: list[dict], conversation: list[dict], tools: list[dict]) -> list[int]:
+    """The ids the template writes for the assistant turn that follows `prompt` in `conversation`,
+    as a model samples them: up to and including the turn's stop token."""
+    text = chat.template.render(conversation, tools, True)[len(chat.template.render(prompt, tools, True)):]
+    ids = chat.renderer.encode(text)
+    return ids[: next(k for k, i in enumerate(ids) if i in chat.stop_ids) + 1]
 
 
 def tiny_model_dir(name: str, root: Path) -> Path:

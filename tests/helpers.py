@@ -1,6 +1,7 @@
 """What test modules share, beside the fixtures and the server they start (conftest.py): rollouts
-to train on, the server's JSON, `client.train` as a user runs it, a saved step's adapter, a bench
-script as a module, and an ASGI app (a stand-in endpoint, or art-server's own app) served in a thread of the test's process.
+to train on, the server's JSON, `client.train` as a user runs it, a saved step's adapter, the
+logprobs a full forward gives, a bench script as a module, and an ASGI app (a stand-in endpoint,
+or art-server's own app) served in a thread of the test's process.
 
 Imported as `tests.helpers` (tests/art_client cannot: ART's environments install a `tests` package of
 their own). Nothing here imports torch until a test reads weights.
@@ -97,6 +98,18 @@ def adapter_weights(data_dir: Path, run: str, step: int) -> dict[str, torch.Tens
     from safetensors.torch import load_file  # torch: only where a test reads weights
 
     return load_file(str(data_dir / "runs" / run / "checkpoints" / f"step_{step:06d}" / "adapter.safetensors"))
+
+
+def completion_logprobs(model: Any, prompt: list[int], completion: list[int], temperature: float = 1.0
+                        ) -> torch.Tensor:
+    """Each completion token's logprob under softmax(logits / T), from one full forward of `model`
+    over the prompt and completion: what a sampler's reported logprobs must equal."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, dim=-1)
+    return lp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
 class ServedApp:

@@ -12,10 +12,11 @@ import json
 import re
 from typing import Any
 
-from server.chat.tool_calls import ParsedCall, ParsedOutput, ToolParser, ToolSchemas, make_call, mistral_call_id
+from server.chat.tool_calls import (BlockParser, ParsedCall, ParsedOutput, ToolParser, ToolSchemas, make_call,
+                                   mistral_call_id)
 
 
-class HermesParser(ToolParser):
+class HermesParser(BlockParser):
     """Qwen2.5 / Qwen3 / Hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks."""
 
     name = "hermes"
@@ -23,16 +24,9 @@ class HermesParser(ToolParser):
     tags = ("<tool_call>", "</tool_call>")
     _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
-    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
-        if "<tool_call>" not in text:
-            return ParsedOutput(content=text)
-        blocks = list(self._block.finditer(text))
-        calls = [self._one(b.group(1), schemas or {}) for b in blocks]
-        if not blocks or text.count("<tool_call>") != len(blocks) or any(c is None for c in calls):
-            return ParsedOutput(content=text, malformed=True)
-        # Only trailing whitespace goes: a stream has already sent any leading whitespace as content.
-        rest = self._block.sub("", text).rstrip()
-        return ParsedOutput(content=rest or None, tool_calls=calls)
+    def calls(self, block: re.Match[str], schemas: ToolSchemas) -> list[ParsedCall] | None:
+        call = self._one(block.group(1), schemas)
+        return [call] if call is not None else None
 
     @staticmethod
     def _one(body: str, schemas: ToolSchemas) -> ParsedCall | None:
@@ -117,25 +111,20 @@ class Glm45Parser(HermesParser):
                                 for key, value in cls._pair.findall(body)})
 
 
-class Gemma4Parser(ToolParser):
+class Gemma4Parser(BlockParser):
     """Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`, the arguments in the
-    template's own literal syntax: keys bare, strings between `<|"|>` quote tokens."""
+    template's own literal syntax: keys bare, strings between `<|"|>` quote tokens. The
+    `<|tool_response>` it stops on after a call goes with the call."""
 
     name = "gemma4"
     markers = ("<|tool_call>",)
     tags = ("<|tool_call>", "<tool_call|>", '<|"|>')
-    _block = re.compile(r"<\|tool_call>call:([^{<]+)(\{.*?\})<tool_call\|>", re.DOTALL)
+    _block = re.compile(r"<\|tool_call>call:([^{<]+)(\{.*?\})<tool_call\|>(?:<\|tool_response>)?", re.DOTALL)
     _bare_key = re.compile(r'([{,]\s*)([^\s{}\[\],:"]+)\s*:')
 
-    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
-        if "<|tool_call>" not in text:
-            return ParsedOutput(content=text)
-        blocks = list(self._block.finditer(text))
-        calls = [make_call(b.group(1).strip(), self.literal(b.group(2))) for b in blocks]
-        if not blocks or text.count("<|tool_call>") != len(blocks) or any(c is None for c in calls):
-            return ParsedOutput(content=text, malformed=True)
-        rest = self._block.sub("", text).replace("<|tool_response>", "").rstrip()
-        return ParsedOutput(content=rest or None, tool_calls=calls)
+    def calls(self, block: re.Match[str], schemas: ToolSchemas) -> list[ParsedCall] | None:
+        call = make_call(block.group(1).strip(), self.literal(block.group(2)))
+        return [call] if call is not None else None
 
     @classmethod
     def literal(cls, text: str) -> Any:
@@ -277,7 +266,7 @@ def _literal(node: ast.expr, source: str) -> Any:
             raise ValueError("neither a Python literal nor JSON") from None
 
 
-class Lfm2Parser(PythonicParser):
+class Lfm2Parser(BlockParser):
     """LFM2: the pythonic list `[f(a=1)]` between `<|tool_call_start|>` and `<|tool_call_end|>`."""
 
     name = "lfm2"
@@ -285,17 +274,8 @@ class Lfm2Parser(PythonicParser):
     tags = ("<|tool_call_start|>", "<|tool_call_end|>")
     _block = re.compile(r"<\|tool_call_start\|>(.*?)<\|tool_call_end\|>", re.DOTALL)
 
-    def starts_call(self, text: str) -> int | None:
-        return ToolParser.starts_call(self, text)
-
-    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
-        if "<|tool_call_start|>" not in text:
-            return ParsedOutput(content=text)
-        blocks = [super(Lfm2Parser, self).parse(b.group(1)) for b in self._block.finditer(text)]
-        if not blocks or text.count("<|tool_call_start|>") != len(blocks) or not all(b.tool_calls for b in blocks):
-            return ParsedOutput(content=text, malformed=True)
-        rest = self._block.sub("", text).rstrip()
-        return ParsedOutput(content=rest or None, tool_calls=[c for b in blocks for c in b.tool_calls])
+    def calls(self, block: re.Match[str], schemas: ToolSchemas) -> list[ParsedCall] | None:
+        return PythonicParser().parse(block.group(1)).tool_calls or None
 
 
 class ReasoningParser:

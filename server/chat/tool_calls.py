@@ -7,6 +7,7 @@ says `malformed`, so the agent loop sees what the model wrote and can stop with 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 import uuid
@@ -85,3 +86,26 @@ class ToolParser:
         """Where in `text` a tool call begins, or None."""
         found = [i for m in self.markers if (i := text.find(m)) >= 0]
         return min(found) if found else None
+
+
+class BlockParser(ToolParser):
+    """Calls in tagged blocks among the model's text (Hermes' `<tool_call>`, Gemma 4's `<|tool_call>`,
+    LFM2's `<|tool_call_start|>`): every block opened must hold calls, and the rest is the content.
+    `markers[0]` opens a block; `_block` matches a whole one."""
+
+    _block: re.Pattern[str]
+
+    def calls(self, block: re.Match[str], schemas: ToolSchemas) -> list[ParsedCall] | None:
+        """The calls one block holds; None if it is not this format."""
+        raise NotImplementedError
+
+    def parse(self, text: str, schemas: ToolSchemas | None = None) -> ParsedOutput:
+        opening = self.markers[0]
+        if opening not in text:
+            return ParsedOutput(content=text)
+        found = [self.calls(block, schemas or {}) for block in self._block.finditer(text)]
+        if not found or text.count(opening) != len(found) or not all(found):
+            return ParsedOutput(content=text, malformed=True)
+        # Only trailing whitespace goes: a stream has already sent any leading whitespace as content.
+        rest = self._block.sub("", text).rstrip()
+        return ParsedOutput(content=rest or None, tool_calls=[call for calls in found for call in calls])

@@ -115,18 +115,23 @@ def _call_schema(tools: list[Any], name_key: str, args_key: str) -> dict[str, An
     return {"x-guidance": JSON_STYLE, **(options[0] if len(options) == 1 else {"anyOf": options})}
 
 
-def _text_value(schema: dict[str, Any]) -> str:
-    """A string argument written as bare text: anything up to the tag that closes it, as long as
-    the schema lets it be."""
+def _json_value(schema: Any) -> str:
+    """A value as its JSON, held to its schema."""
+    return f"%json {json.dumps({'x-guidance': JSON_STYLE, **closed(schema if isinstance(schema, dict) else {})})}"
+
+
+def _text_value(schema: dict[str, Any], excluded: str = "<") -> str:
+    """A string argument written as bare text: anything up to what closes it (`excluded`), as long
+    as the schema lets it be."""
     longest = schema.get("maxLength")
-    return f"/[^<]{{0,{int(longest)}}}/" if isinstance(longest, int) else "/[^<]*/"
+    return f"/[^{excluded}]{{0,{int(longest)}}}/" if isinstance(longest, int) else f"/[^{excluded}]*/"
 
 
 def _argument(schema: Any) -> str:
     """One argument's value where a format writes strings bare and anything else as its JSON."""
     schema = schema if isinstance(schema, dict) else {}
     if schema_types(schema) != {"string"}:
-        return f"%json {json.dumps({'x-guidance': JSON_STYLE, **closed(schema)})}"
+        return _json_value(schema)
     choices = [schema["const"]] if "const" in schema else schema.get("enum")
     if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
         return f"({' | '.join(json.dumps(c) for c in choices)})"
@@ -145,50 +150,39 @@ def _tagged_call(tool: Any, opening: str, argument: Callable[[str], str], closin
     return " ".join(parts)
 
 
-def _gemma4_call(chat: ChatFormat, tool: Any) -> str:
-    """Gemma 4's `call:NAME{key:value,...}`: the required arguments, keys sorted as its template
-    sorts them; strings between its quote tokens, numbers and booleans bare."""
-    parameters = tool.function.parameters or {}
-    properties = parameters.get("properties") or {}
-    quote, arguments = _token(chat, '<|"|>'), []
-    for key in sorted(k for k in parameters.get("required") or [] if k in properties):
-        types = schema_types(properties[key])
-        if types == {"string"}:
-            value = f"{quote} {_text_value(properties[key])} {quote}"
-        elif types == {"boolean"}:
-            value = '("true" | "false")'
-        elif types and types <= {"integer", "number"}:
-            value = f"%json {json.dumps({'x-guidance': JSON_STYLE, **properties[key]})}"
-        else:
-            raise ConstraintError(f"tool_choice: {tool.function.name}'s argument {key!r} cannot be forced in Gemma 4's "
-                                  f"format (strings, numbers and booleans can)", "tool_choice")
-        arguments.append(f"{json.dumps(key + ':')} {value}")
-    comma = f" {json.dumps(',')} "
-    return " ".join([json.dumps(f"call:{tool.function.name}{{"), comma.join(arguments), json.dumps("}")])
-
-
-def _quoted_text(schema: dict[str, Any]) -> str:
-    """A string argument between single quotes, as LFM2.5's template writes one (it escapes nothing)."""
-    longest = schema.get("maxLength")
-    bound = f"{{0,{int(longest)}}}" if isinstance(longest, int) else "*"
-    return "\"'\" /[^'\\n]" + bound + "/ \"'\""
-
-
-def _pythonic_call(tool: Any) -> str:
-    """LFM2.5's `name(key=value, ...)`: the required arguments in the schema's order, a string quoted
-    as its template quotes it ('text'), a boolean as Python writes it, anything else as JSON."""
+def _literal_call(tool: Any, opening: str, assign: str, comma: str, value: Callable[[str, dict[str, Any]], str],
+                  closing: str, keys: Callable[[list[str]], list[str]] = list) -> str:
+    """A call written as a literal of its required arguments, `key<assign>value` joined by `comma`
+    (Gemma 4's `call:f{k:v,...}`, LFM2.5's `f(k=v, ...)`), in lark; `keys` orders them."""
     parameters = tool.function.parameters or {}
     properties, required = parameters.get("properties") or {}, set(parameters.get("required") or [])
-    arguments = []
-    for key, schema in properties.items():
-        if key not in required:
-            continue
+    arguments = [f"{json.dumps(key + assign)} {value(key, properties[key])}"
+                 for key in keys([k for k in properties if k in required])]
+    return " ".join([json.dumps(opening), f" {json.dumps(comma)} ".join(arguments), json.dumps(closing)])
+
+
+def _gemma4_value(quote: str, tool: Any) -> Callable[[str, dict[str, Any]], str]:
+    """Gemma 4's argument values: a string between its quote tokens, a number or boolean bare."""
+    def value(key: str, schema: dict[str, Any]) -> str:
         types = schema_types(schema)
-        value = (_quoted_text(schema) if types == {"string"} else '("True" | "False")' if types == {"boolean"}
-                 else f"%json {json.dumps({'x-guidance': JSON_STYLE, **closed(schema)})}")
-        arguments.append(f"{json.dumps(key + '=')} {value}")
-    comma = f" {json.dumps(', ')} "
-    return " ".join([json.dumps(f"{tool.function.name}("), comma.join(arguments), json.dumps(")")])
+        if types == {"string"}:
+            return f"{quote} {_text_value(schema)} {quote}"
+        if types == {"boolean"}:
+            return '("true" | "false")'
+        if types and types <= {"integer", "number"}:
+            return _json_value(schema)
+        raise ConstraintError(f"tool_choice: {tool.function.name}'s argument {key!r} cannot be forced in Gemma 4's "
+                              f"format (strings, numbers and booleans can)", "tool_choice")
+    return value
+
+
+def _python_value(key: str, schema: dict[str, Any]) -> str:
+    """LFM2.5's argument values: a string 'quoted' as its template quotes it (escaping nothing), a
+    boolean as Python writes it, anything else as its JSON."""
+    types = schema_types(schema)
+    if types == {"string"}:
+        return '"\'" ' + _text_value(schema, excluded="'\\n") + ' "\'"'
+    return '("True" | "False")' if types == {"boolean"} else _json_value(schema)
 
 
 def _tool_grammar(chat: ChatFormat, tools: list[Any], parallel: bool) -> str:
@@ -212,12 +206,14 @@ def _tool_grammar(chat: ChatFormat, tools: list[Any], parallel: bool) -> str:
                                        lambda key: f'{tag("<arg_key>")} {json.dumps(key)} {tag("</arg_key>")} "\\n" '
                                                    f'{tag("<arg_value>")}', f'{tag("</arg_value>")} "\\n"')
                           for t in tools)
-    elif parser == "gemma4":
-        call = f'{tag("<|tool_call>")} ({" | ".join(_gemma4_call(chat, t) for t in tools)}) {tag("<tool_call|>")}'
+    elif parser == "gemma4":  # keys sorted, as its template sorts them
+        body = " | ".join(_literal_call(t, f"call:{t.function.name}{{", ":", ",", _gemma4_value(tag('<|"|>'), t),
+                                        "}", sorted) for t in tools)
+        call = f'{tag("<|tool_call>")} ({body}) {tag("<tool_call|>")}'
         return f"start: call{'+' if parallel else ''}\ncall: {call}\n"  # one call right after another
     elif parser == "lfm2":  # a pythonic list: [f(a='text', n=3), g()]
         more = ' (", " call)*' if parallel else ""
-        call = " | ".join(_pythonic_call(t) for t in tools)
+        call = " | ".join(_literal_call(t, f"{t.function.name}(", "=", ", ", _python_value, ")") for t in tools)
         return f'start: {tag("<|tool_call_start|>")} "[" call{more} "]" {tag("<|tool_call_end|>")}\ncall: {call}\n'
     else:
         raise ConstraintError(f"tool_choice 'required' or a named function is not supported for the {parser!r} "

@@ -57,17 +57,12 @@ def _start_state(layer: LinearAttentionLayer, conv: dict[int, torch.Tensor], rec
                  rows: int) -> None:
     """`layer` holding, in each of `rows` rows, a state a forward left after a prefix: as transformers'
     own update leaves it, so that the next forward continues from it."""
-    for i, t in conv.items():
-        layer.conv_states[i] = t.expand(rows, *t.shape).clone()
-        layer.is_conv_states_initialized[i], layer.conv_kernel_size[i] = True, t.shape[-1]
-    for i, t in recurrent.items():
-        layer.recurrent_states[i] = t.expand(rows, *t.shape).clone()
-        layer.is_recurrent_states_initialized[i] = True
-    for i in {*conv, *recurrent}:
-        layer.has_previous_state[i] = True
-    first = next(iter([*conv.values(), *recurrent.values()]), None)
-    if first is not None:
-        layer.dtype, layer.device = first.dtype, first.device
+    for states, ready, saved in ((layer.conv_states, layer.is_conv_states_initialized, conv),
+                                 (layer.recurrent_states, layer.is_recurrent_states_initialized, recurrent)):
+        for i, t in saved.items():
+            states[i], ready[i], layer.has_previous_state[i] = t.expand(rows, *t.shape).clone(), True, True
+            layer.dtype, layer.device = t.dtype, t.device
+    layer.conv_kernel_size.update({i: t.shape[-1] for i, t in conv.items()})
 
 
 class BatchKV:
@@ -122,9 +117,11 @@ class BatchKV:
 
     def row_states(self, row: int) -> list[RowState]:
         """A copy of `row`'s state in every layer that keeps one (for the prefix cache)."""
-        return [({i: t[row].clone() for i, t in layer.conv_states.items() if layer.is_conv_states_initialized[i]},
-                 {i: t[row].clone() for i, t in layer.recurrent_states.items()
-                  if layer.is_recurrent_states_initialized[i]}) for layer in self.states]
+        def copy(states: dict, ready: dict) -> dict[int, torch.Tensor]:
+            return {i: t[row].clone() for i, t in states.items() if ready[i]}
+
+        return [(copy(layer.conv_states, layer.is_conv_states_initialized),
+                 copy(layer.recurrent_states, layer.is_recurrent_states_initialized)) for layer in self.states]
 
     @property
     def rows(self) -> int:

@@ -256,7 +256,7 @@ class TorchEngine:
         prompt, adapter = group[0].request.prompt_ids, group[0].request.policy.adapter
         kv, logits = self._forward_prompts(group[:1], hit)
         keys, values = [k[0, :, :len(prompt)] for k in kv.kbufs], [v[0, :, :len(prompt)] for v in kv.vbufs]
-        states = kv.row_states(0) if kv.states else None
+        states = kv.row_states(0)
         self.prefix.add(adapter, prompt, [k.clone() for k in keys], [v.clone() for v in values], states)
         if len(group) > 1:
             kv = self._empty_kv(len(group), len(prompt))
@@ -412,4 +412,4 @@ class TorchEngine:
                 start = kv.width - length
                 self.prefix.add(s.request.policy.adapter, ids, [k[r, :, start:kv.width].clone() for k in kv.kbufs],
                                 [v[r, :, start:kv.width].clone() for v in kv.vbufs],
-                                kv.row_states(r) if kv.states else None)  # its states after `length` tokens
+                                kv.row_states(r))  # and its layers' states after those `length` tokens

@@ -8,6 +8,7 @@ it is a 400 that says why.
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Callable
 
 import httpx
 import openai
@@ -20,6 +21,7 @@ from protocol.trajectory import Trajectory, TrajectoryGroup
 from server.model.architecture import (ModelRefused, decoder, head_mismatch, kv_shape, lora_targets, output_logits,
                                        takes_tree_mask)
 from tests.families import tiny_architecture_dir, tiny_gemma4_vlm_dir
+from tests.helpers import completion_logprobs
 
 GPT2 = {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 2048}
 BLOOM = {"n_layer": 2, "n_head": 4}
@@ -162,6 +164,22 @@ async def test_a_run_samples_trains_and_serves_its_step(architecture, config, tm
         assert served.usage.completion_tokens >= 1
 
 
+async def _two_turn_rollouts(client: Any, model: str, opening: Callable[[int], str], max_tokens: Callable[[int], int],
+                             follow_up: str) -> TrajectoryGroup:
+    """Four rollouts at once of two turns each, rewarded by parity: every turn a row that joins the
+    engine's batch beside the others' and leaves it when done."""
+    async def rollout(i: int) -> Trajectory:
+        traj = Trajectory(messages_and_choices=[{"role": "user", "content": opening(i)}])
+        for _ in range(2):
+            reply = await client.chat.completions.create(model=model, messages=traj.messages(),
+                                                         max_tokens=max_tokens(i), seed=i)
+            traj.messages_and_choices += [reply.choices[0], {"role": "user", "content": follow_up}]
+        traj.messages_and_choices.pop()
+        return traj.model_copy(update={"reward": float(i % 2)})
+
+    return TrajectoryGroup(trajectories=list(await asyncio.gather(*map(rollout, range(4)))))
+
+
 @pytest.mark.parametrize("architecture", [*STATEFUL, "Gemma4TextConfig"])
 async def test_rows_that_keep_states_join_and_leave_the_batch_and_train_exactly(architecture, tmp_path_factory,
                                                                                   fresh_server_module):
@@ -173,16 +191,8 @@ async def test_rows_that_keep_states_join_and_leave_the_batch_and_train_exactly(
     srv = fresh_server_module(model=tiny_architecture_dir(architecture, tmp_path_factory.mktemp("m"), **config))
     model = await TrainableModel("states").register(srv.url)
     async with model.openai_client(max_retries=0) as client:
-        async def rollout(i: int) -> Trajectory:
-            traj = Trajectory(messages_and_choices=[{"role": "user", "content": "Hi there " * (1 + 3 * i)}])
-            for _ in range(2):
-                reply = await client.chat.completions.create(model=model.name, messages=traj.messages(),
-                                                             max_tokens=4 + 3 * i, seed=i)
-                traj.messages_and_choices += [reply.choices[0], {"role": "user", "content": "More."}]
-            traj.messages_and_choices.pop()
-            return traj.model_copy(update={"reward": float(i % 2)})
-
-        trajectories = await asyncio.gather(*(rollout(i) for i in range(4)))
+        group = await _two_turn_rollouts(client, model.name, lambda i: "Hi there " * (1 + 3 * i), lambda i: 4 + 3 * i,
+                                         "More.")
         greedy = {"max_tokens": 8, "temperature": 0, "logprobs": True}
         alone = await client.chat.completions.create(model=model.name, messages=[{"role": "user", "content": "Hi"}],
                                                      **greedy)
@@ -190,7 +200,7 @@ async def test_rows_that_keep_states_join_and_leave_the_batch_and_train_exactly(
             model=model.name, messages=[{"role": "user", "content": "Hi" + " there" * k}], **greedy)
             for k in (0, 6, 12)))
         assert beside[0].choices[0].model_extra["token_ids"] == alone.choices[0].model_extra["token_ids"]
-        result = await model.train([TrajectoryGroup(trajectories=list(trajectories))])
+        result = await model.train([group])
     assert result.trained and result.metrics.trained_choices == 8 and result.metrics.prompt_mismatches == 0
     assert result.metrics.logprob_gap < 1e-3, result.metrics
 
@@ -218,10 +228,7 @@ async def test_a_turn_after_a_long_prompt_starts_from_the_states_it_left(archite
     model = _model(architecture, model_dir.parent, **STATEFUL[architecture])
     prompt = second.model_extra["prompt_token_ids"]
     for choice in second.choices:
-        ids = choice.model_extra["token_ids"]
-        with torch.no_grad():
-            full = torch.log_softmax(model(input_ids=torch.tensor([prompt + ids])).logits[0].float(), -1)
-        want = torch.tensor([full[len(prompt) - 1 + k, t].item() for k, t in enumerate(ids)])
+        want = completion_logprobs(model, prompt, choice.model_extra["token_ids"])
         got = torch.tensor([e.logprob for e in choice.logprobs.content])
         assert (got - want).abs().max().item() <= 1e-4
 
@@ -233,17 +240,9 @@ async def test_a_multimodal_checkpoint_trains_its_language_model(tmp_path_factor
     srv = fresh_server_module(model=tiny_gemma4_vlm_dir(tmp_path_factory.mktemp("vlm")))
     model = await TrainableModel("vlm").register(srv.url)
     async with model.openai_client(max_retries=0) as client:
-        async def rollout(i: int) -> Trajectory:
-            traj = Trajectory(messages_and_choices=[{"role": "user", "content": "Describe the weather " * (2 + i)}])
-            for _ in range(2):  # past the 16-token window
-                reply = await client.chat.completions.create(model=model.name, messages=traj.messages(),
-                                                             max_tokens=12, seed=i)
-                traj.messages_and_choices += [reply.choices[0], {"role": "user", "content": "And tomorrow?"}]
-            traj.messages_and_choices.pop()
-            return traj.model_copy(update={"reward": float(i % 2)})
-
-        trajectories = await asyncio.gather(*map(rollout, range(4)))
-        result = await model.train([TrajectoryGroup(trajectories=list(trajectories))])
+        group = await _two_turn_rollouts(client, model.name, lambda i: "Describe the weather " * (2 + i),
+                                         lambda i: 12, "And tomorrow?")  # past the 16-token window
+        result = await model.train([group])
     assert result.trained and result.metrics.prompt_mismatches == 0, result.warnings
     assert result.metrics.logprob_gap < 1e-3, result.metrics
 

@@ -18,7 +18,7 @@ from client import TrainConfig, TrainableModel, Trajectory, TrajectoryGroup
 from conftest import ServerProcess
 from server.chat.format import ChatFormat
 from server.chat.template import TemplateError, template_message
-from tests.families import FAMILIES, tiny_model_dir, tokenizer_dir
+from tests.families import FAMILIES, family_format, tiny_model_dir, tokenizer_dir, written_turn
 
 # maxLength: a random model fills a string until it is told to stop
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
@@ -167,19 +167,15 @@ def test_a_sampled_call_with_its_reasoning_is_spliced_inside_a_tool_loop(family,
     text, not template text; where it writes the call's result inside the same turn (Gemma 4) or
     will not render a turn of text before a result (gpt-oss), the turn is found by rendering the
     conversation up to it."""
-    fam = FAMILIES[family]
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir(family, workdir))
-    chat = ChatFormat.build(tok, eos_ids=tok.convert_tokens_to_ids([fam.eos, *fam.stops]))
+    chat = family_format(family, workdir)
+    tok = chat.template.tokenizer
     first = [{"role": "user", "content": "Weather in Paris?"}]
     turn = {"role": "assistant", "content": None, "reasoning_content": "Look it up.",
             "tool_calls": [call("abcdefgh1", "get_weather", {"city": "Paris"})]}
     loop = first + [turn, {"role": "tool", "tool_call_id": "abcdefgh1", "content": "21C"}]
     prompt = chat.renderer.render(first, [WEATHER]).ids
-    written = chat.template.render(loop, [WEATHER], True)[len(chat.template.render(first, [WEATHER], True)):]
-    canonical = tok.encode(written, add_special_tokens=False)
-    stop = next(k for k, i in enumerate(canonical) if i in chat.stop_ids)
-    said = chat.text(canonical[:stop])
-    sampled = tuple(i for ch in said for i in tok.encode(ch, add_special_tokens=False)) + (canonical[stop],)
+    *said, stop = written_turn(chat, first, loop, [WEATHER])
+    sampled = tuple(i for ch in chat.text(said) for i in tok.encode(ch, add_special_tokens=False)) + (stop,)
     parsed = chat.parse(chat.text(sampled), {"get_weather": WEATHER["function"]["parameters"]})
     assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [("get_weather", {"city": "Paris"})]
     echoed = {**turn, "content": parsed.content, "reasoning_content": parsed.reasoning,

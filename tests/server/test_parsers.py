@@ -6,15 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
-from server.chat.format import ChatFormat
 from server.chat.parsers import (Gemma4Parser, Glm45Parser, HarmonyParser, HermesParser, Lfm2Parser, Llama3JsonParser,
                                  MistralParser, PythonicParser, Qwen3CoderParser, ReasoningParser,
                                  detect_reasoning_parser, detect_tool_parser, make_reasoning_parser, typed)
-from server.chat.template import template_message
 from server.chat.tool_calls import tool_schemas
-from tests.families import FAMILIES, tokenizer_dir
+from tests.families import FAMILIES, family_format, written_turn
 from tests.real_models import TEMPLATES
 
 pytestmark = pytest.mark.unit
@@ -199,9 +196,7 @@ TOOL_FAMILIES = [f for f in FAMILIES if f not in ("smollm2", "gemma3")]  # those
 def test_each_family_parses_a_call_as_its_own_template_writes_it(family, tmp_path_factory):
     """The template renders an assistant turn that calls a tool; the parser chosen from that
     template reads the same call back out of the turn's text, arguments typed as they were."""
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir(family, tmp_path_factory.mktemp(family)))
-    fam = FAMILIES[family]  # the stops a model's generation config adds (gpt-oss's <|call|>)
-    chat = ChatFormat.build(tok, eos_ids=tok.convert_tokens_to_ids([fam.eos, *fam.stops]))
+    chat = family_format(family, tmp_path_factory.mktemp(family))
     args = {"zip": "02134", "days": 3, "where": {"city": "Paris"}}
     call = {"id": "abcdefgh1", "type": "function", "function": {"name": "find", "arguments": json.dumps(args)}}
     tools = [{"type": "function", "function": {"name": "find", "description": "Find a place.",
@@ -209,11 +204,8 @@ def test_each_family_parses_a_call_as_its_own_template_writes_it(family, tmp_pat
     user = [{"role": "user", "content": "Find it."}]
     loop = user + [{"role": "assistant", "content": None, "tool_calls": [call]},
                    {"role": "tool", "tool_call_id": "abcdefgh1", "content": "found"}]
-    prompt, turn = chat.template.render(user, tools, True), chat.template.render(loop, tools, True)
-    assert turn.startswith(prompt)
-    ids = chat.renderer.encode(turn[len(prompt):])
-    ids = ids[: next(k for k, i in enumerate(ids) if i in chat.stop_ids) + 1]  # as sampled: up to its stop
-    written = chat.text(ids)  # as the server decodes it, keeping the tags its parser reads
+    assert chat.template.render(loop, tools, True).startswith(chat.template.render(user, tools, True))
+    written = chat.text(written_turn(chat, user, loop, tools))  # as the server decodes it, tags kept
     out = chat.parse(written, tool_schemas(tools))
     assert calls(out) == [("find", args)], written
 

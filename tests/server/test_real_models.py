@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from client import TrainConfig, TrainableModel, Trajectory, TrajectoryGroup
 from conftest import ServerProcess
 from examples import reasoning_gym
+from tests.helpers import completion_logprobs
 from tests.real_models import CACHE, TEMPLATES, converted, gemma3_gguf, smollm2_gguf
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
@@ -178,13 +179,6 @@ def test_a_sampled_turn_reappears_token_for_token(served):
     assert again[: len(prompt) + len(sampled)] == prompt + sampled
 
 
-def _reference(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0].float()
-    lp = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, dim=-1)
-    return lp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
-
-
 LONG = " ".join(f"Item {i} costs {i * 7 % 100} dollars and is {'red' if i % 3 else 'blue'}." for i in range(90))
 
 
@@ -198,7 +192,7 @@ def test_logprobs_are_a_full_forward_pass(served):
         assert len(extra(resp, "prompt_token_ids")) > 600 or messages[0]["content"] != LONG + " Which item is cheapest?"
         for choice in resp.choices:
             ids = extra(choice, "token_ids")
-            want = _reference(served.model, extra(resp, "prompt_token_ids"), ids, temperature)
+            want = completion_logprobs(served.model, extra(resp, "prompt_token_ids"), ids, temperature)
             got = torch.tensor([e.logprob for e in choice.logprobs.content])
             assert (got - want).abs().max().item() <= 1e-4
 
@@ -242,7 +236,7 @@ def test_a_turn_after_a_long_prompt_reuses_its_prefix_and_samples_as_a_full_pref
     assert len(extra(first, "prompt_token_ids")) > 600
     assert after["tokens_reused"] - before["tokens_reused"] >= len(extra(first, "prompt_token_ids")) + len(reply) - 1
     ids = extra(second.choices[0], "token_ids")
-    want = _reference(served.model, prompt, ids, 1.0)
+    want = completion_logprobs(served.model, prompt, ids, 1.0)
     got = torch.tensor([e.logprob for e in second.choices[0].logprobs.content])
     assert (got - want).abs().max().item() <= 1e-4
 
