@@ -28,8 +28,8 @@ from server.engine.base import DecodeSequence
 from server.engine.sampling import SamplingParams
 from server.request_errors import APIError
 from server.sampling.choices import sampling_info
-from server.sampling.engine_requests import (acquire_policy, check_params, check_token_ids, room, submit,
-                                             wait_finished)
+from server.sampling.engine_requests import (acquire_policy, check_params, check_token_ids, output_constraint,
+                                             room, submit, wait_finished)
 from server.state import ServerState
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
@@ -46,8 +46,9 @@ def _sampling_params(state: ServerState, body: GenerateRequest) -> SamplingParam
                             f"end on ({sorted(stop_ids)}); art-server would not stop there",
                        param="sampling_params.stop_token_ids", code="unsupported_stop_token_ids")
     max_tokens = room(state, len(body.token_ids), "token_ids", sp.max_tokens)
+    constraint = output_constraint(state, structured=sp.structured_outputs) if sp.structured_outputs else None
     params = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, max_tokens=max_tokens, stop=sp.stop,
-                            seed=sp.seed, ignore_eos=sp.ignore_eos)
+                            seed=sp.seed, ignore_eos=sp.ignore_eos, constraint=constraint)
     check_params(state, params)
     return params
 

@@ -5,7 +5,8 @@ vLLM's sampling params.
 Sampling keys art-server has no use for (`skip_special_tokens`, `logprobs`: the sampled token's
 logprob always comes back) are accepted and ignored. Keys that would change the distribution
 sampled from are refused unless neutral: art-server samples with temperature and top-p only, and a
-choice whose logprobs are not of the distribution it was drawn from would train wrong.
+choice whose logprobs are not of the distribution it was drawn from would train wrong. Structured
+outputs are honoured, as on the OpenAI routes (server/sampling/chat_request.py's VLLMSampling).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from protocol.choices import INT64
-from server.sampling.chat_request import NeutralKnobs, Stops
+from server.sampling.chat_request import Stops, VLLMSampling
 
 
 def _nulls_dropped(data: Any) -> Any:
@@ -23,7 +24,7 @@ def _nulls_dropped(data: Any) -> Any:
     return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
-class GenerateSamplingParams(NeutralKnobs):
+class GenerateSamplingParams(VLLMSampling):
     model_config = ConfigDict(extra="allow")
 
     temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)

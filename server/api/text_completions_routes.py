@@ -31,9 +31,9 @@ from server.engine.base import DecodeSequence
 from server.engine.sampling import SamplingParams
 from server.model import scoring
 from server.request_errors import APIError
-from server.sampling.choices import output_text, sampling_info
+from server.sampling.choices import output_text, sampling_info, token_name
 from server.sampling.engine_requests import (Disconnected, acquire_policy, check_params, check_token_ids,
-                                             engine_events, room, submit, wait_finished)
+                                             engine_events, output_constraint, room, submit, wait_finished)
 from server.sampling.served_names import Policy
 from server.sampling.streaming import sendable, sse, stream_failure
 from server.state import ServerState
@@ -54,8 +54,9 @@ def _token_ids(state: ServerState, prompt: str | list[int], param: str) -> list[
 
 def _sampling_params(state: ServerState, body: TextCompletionRequest, prompt_len: int, param: str) -> SamplingParams:
     max_tokens = room(state, prompt_len, param, body.max_tokens)
+    constraint = output_constraint(state, structured=body.structured_outputs) if body.structured_outputs else None
     params = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens, stop=body.stop,
-                            seed=body.seed, top_logprobs=body.logprobs or 0)
+                            seed=body.seed, top_logprobs=body.logprobs or 0, constraint=constraint)
     if max_tokens:
         check_params(state, params)
     return params
@@ -87,13 +88,14 @@ class TextOffsets:
 
 
 def _legacy_logprobs(tok: Any, ids: list[int], logprobs: list[float | None],
-                     tops: list[list[tuple[int, float]] | None] | None, offsets: TextOffsets) -> Logprobs:
-    """Each token's text, logprob, likeliest alternatives (the token itself among them, as vLLM and
-    lm-eval's greedy check read them) and offset in the choice's text."""
-    texts = [tok.decode([t]) for t in ids]
-    top = [None if lp is None else {**{tok.decode([i]): v for i, v in k or []}, text: lp}
-           for text, lp, k in zip(texts, logprobs, tops or [None] * len(ids))]
-    return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": top, "text_offset": offsets.of(ids)}
+                     tops: list[list[tuple[int, float]] | None] | None, offsets: TextOffsets,
+                     as_ids: bool = False) -> Logprobs:
+    """Each token's name (its text, or "token_id:<id>"), logprob, likeliest alternatives (the token
+    itself among them, as vLLM and lm-eval's greedy check read them) and offset in the choice's text."""
+    names = [token_name(tok, t, as_ids) for t in ids]
+    top = [None if lp is None else {**{token_name(tok, i, as_ids): v for i, v in k or []}, name: lp}
+           for name, lp, k in zip(names, logprobs, tops or [None] * len(ids))]
+    return {"tokens": names, "token_logprobs": list(logprobs), "top_logprobs": top, "text_offset": offsets.of(ids)}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -106,7 +108,7 @@ def _merged(a: Logprobs | None, b: Logprobs) -> Logprobs:
 
 
 async def _prompt_logprobs(state: ServerState, policy: Policy, ids: list[int], params: SamplingParams,
-                           k: int) -> Logprobs:
+                           k: int, as_ids: bool) -> Logprobs:
     """The echoed prompt's logprobs, each token given those before it, at the sampling temperature."""
     scorable(state, policy)
     lps: list[float | None] = [None]
@@ -117,7 +119,7 @@ async def _prompt_logprobs(state: ServerState, policy: Policy, ids: list[int], p
                                            temperatures)
         lps += scored.logprobs
         tops += scored.top or [None] * len(scored.logprobs)
-    return _legacy_logprobs(state.host.tokenizer, ids, lps, tops, TextOffsets(state.host.tokenizer, []))
+    return _legacy_logprobs(state.host.tokenizer, ids, lps, tops, TextOffsets(state.host.tokenizer, []), as_ids)
 
 
 class _Prompt:
@@ -133,7 +135,8 @@ class _Prompt:
 
     async def echo(self, state: ServerState, policy: Policy, body: TextCompletionRequest) -> None:
         if body.echo and body.logprobs is not None:
-            self.echo_logprobs = await _prompt_logprobs(state, policy, self.ids, self.params, body.logprobs)
+            self.echo_logprobs = await _prompt_logprobs(state, policy, self.ids, self.params, body.logprobs,
+                                                        body.return_tokens_as_token_ids)
 
 
 def _choice(state: ServerState, body: TextCompletionRequest, p: _Prompt, index: int, seq: DecodeSequence | None,
@@ -143,7 +146,7 @@ def _choice(state: ServerState, body: TextCompletionRequest, p: _Prompt, index: 
     logprobs = None
     if body.logprobs is not None:
         sampled = _legacy_logprobs(tok, ids, seq.logprobs if seq else [], seq.top_logprobs if seq else None,
-                                   TextOffsets(tok, p.echo_ids))
+                                   TextOffsets(tok, p.echo_ids), body.return_tokens_as_token_ids)
         logprobs = _merged(p.echo_logprobs, sampled)
     return {"index": index, "text": p.echo_text + (output_text(state.host.chat, seq) if seq else ""),
             "logprobs": logprobs, "finish_reason": (seq.finish_reason or "stop") if seq else "length",
@@ -209,7 +212,7 @@ async def _stream(state: ServerState, body: TextCompletionRequest, p: _Prompt, p
                                "token_ids": ids, "logprobs": None}
         if body.logprobs is not None:
             out["logprobs"] = _legacy_logprobs(tok, ids, seq.logprobs[sent:end], seq.top_logprobs[sent:end],
-                                               offsets[i])
+                                               offsets[i], body.return_tokens_as_token_ids)
         sent_text[i] += out["text"]
         sent_tokens[i] = end
         return out

@@ -1,6 +1,7 @@
-"""Constrained decoding: `response_format` (json_object, json_schema) and `tool_choice` ("required"
-or a named function), compiled to llguidance grammars over the model's own tokenizer. An object
-that lists its properties admits no others unless it says so (`closed`), as in vLLM.
+"""Constrained decoding: `response_format` (json_object, json_schema), `tool_choice` ("required"
+or a named function) and vLLM's `structured_outputs` (a schema, a regex, choices or a lark grammar),
+compiled to llguidance grammars over the model's own tokenizer. An object that lists its properties
+admits no others unless it says so (`closed`), as in vLLM.
 
 A constrained row samples from the allowed tokens only, but the logprob it reports is still the
 sampled token's under softmax(logits / T) before the mask, the same distribution the trainer
@@ -221,11 +222,34 @@ def _tool_grammar(chat: ChatFormat, tools: list[Any], parallel: bool) -> str:
     return f'start: call{more}\ncall: {tag("<tool_call>")} ({body}) {tag("</tool_call>")}\n'
 
 
-def constraint_for(chat: ChatFormat, response_format: Any, tool_choice: Any, tools: list[Any] | None,
-                   parallel_tool_calls: bool = True) -> Constraint | None:
+def _structured_grammar(chat: ChatFormat, s: Any) -> str:
+    """vLLM's structured outputs (server/sampling/chat_request.py's StructuredOutputs) as a grammar."""
     import llguidance
 
-    if tool_choice == "required" or (tool_choice is not None and not isinstance(tool_choice, str)):
+    if s.json_schema is not None or s.json_object:
+        schema = closed(s.json_schema) if s.json_schema is not None else {"type": "object"}
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
+    if s.regex is not None:
+        return llguidance.LLMatcher.grammar_from_regex(s.regex)
+    if s.choice is not None:
+        return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(_literal(chat, c) for c in s.choice))
+    return llguidance.LLMatcher.grammar_from_lark(s.grammar)
+
+
+def constraint_for(chat: ChatFormat, response_format: Any = None, tool_choice: Any = None,
+                   tools: list[Any] | None = None, parallel_tool_calls: bool = True,
+                   structured: Any = None) -> Constraint | None:
+    """The grammar a request's output must follow, if any: a forced tool call, a response format,
+    or vLLM's structured outputs (which a request gives alone)."""
+    import llguidance
+
+    if structured is not None:
+        stop, what = None, "structured_outputs"
+        try:
+            grammar = _structured_grammar(chat, structured)
+        except ValueError as e:
+            raise ConstraintError(f"structured_outputs: {str(e).splitlines()[0][:300]}", what)
+    elif tool_choice == "required" or (tool_choice is not None and not isinstance(tool_choice, str)):
         chosen = [t for t in tools or [] if isinstance(tool_choice, str)
                   or t.function.name == tool_choice.function.name]
         lark = _tool_grammar(chat, chosen, parallel_tool_calls)

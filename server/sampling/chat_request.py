@@ -7,6 +7,7 @@ server/chat/validate.py, which names the offending message.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal, Union
 
@@ -94,11 +95,12 @@ def no_logit_bias(v: dict[str, float] | None) -> dict[str, float] | None:
     return v
 
 
-def refused(kind: Any, why: str) -> Any:
-    """A field of `kind` named in the schema and refused, with `why`, whenever it is set: what the
-    server cannot honour is a 400 naming it, never silently dropped."""
+def refused(kind: Any, why: str, neutral: tuple[Any, ...] = ()) -> Any:
+    """A field of `kind` named in the schema and refused, with `why`, whenever it is set to other than
+    a `neutral` value (one that changes nothing): what the server cannot honour is a 400 naming it,
+    never silently dropped."""
     def refuse(v: Any) -> Any:
-        if v is not None:
+        if v is not None and v not in neutral:
             raise ValueError(why)
         return v
     return Annotated[kind, AfterValidator(refuse), Field(description=f"not supported: {why}")]
@@ -177,7 +179,79 @@ ToolChoice = Annotated[Any, WithJsonSchema({"anyOf": [
     {"type": "null"}]})]
 
 
-class OpenAISampling(NeutralKnobs):
+class StructuredOutputs(BaseModel):
+    """vLLM's structured outputs: the output must match exactly one of a JSON Schema, a regular
+    expression, a list of choices or a lark grammar (server/engine/constraints.py compiles it)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)  # disable_fallback, whitespace_pattern: hints
+    json_schema: dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = Field(default=None, max_length=10_000)
+    choice: list[str] | None = Field(default=None, min_length=1, max_length=1_000)
+    grammar: str | None = Field(default=None, max_length=100_000)
+    json_object: bool | None = None
+    structural_tag: refused(Any, "structured_outputs.structural_tag is not supported: give the functions in "
+                            "tools and force a call with tool_choice") = None
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _schema(cls, v: Any) -> Any:
+        if isinstance(v, str):  # vLLM takes the schema as a dict or as its JSON text
+            try:
+                v = json.loads(v)
+            except ValueError:
+                raise ValueError("structured_outputs.json must be a JSON Schema (a dict, or its JSON text)")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> "StructuredOutputs":
+        given = [k for k in ("json", "regex", "choice", "grammar", "json_object")
+                 if getattr(self, "json_schema" if k == "json" else k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs takes exactly one of json, regex, choice, grammar and json_object "
+                             f"(got {', '.join(given) or 'none'})")
+        return self
+
+
+# vLLM's older names for structured outputs, still sent by its clients.
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+class VLLMSampling(NeutralKnobs):
+    """vLLM's own sampling keys, as its OpenAI routes and its token-in route take them: structured
+    outputs honoured (`structured_outputs`, or the `guided_*` keys), and the keys that would change
+    what is sampled or returned refused at any value but their default, for NEUTRAL's reason or
+    because the client would not get what it asked for."""
+
+    structured_outputs: StructuredOutputs | None = None
+    min_tokens: refused(int | None, "min_tokens is not supported: holding back the end of the turn samples from "
+                        "a distribution the trainer cannot reproduce", (0,)) = None
+    use_beam_search: refused(bool | None, "use_beam_search is not supported: art-server samples", (False,)) = None
+    include_stop_str_in_output: refused(bool | None, "include_stop_str_in_output is not supported: the text ends "
+                                        "where a stop string begins (token_ids hold every sampled token)",
+                                        (False,)) = None
+    truncate_prompt_tokens: refused(int | None, "truncate_prompt_tokens is not supported: art-server never "
+                                    "truncates a prompt; send a shorter one") = None
+    allowed_token_ids: refused(list[int] | None, "allowed_token_ids is not supported: the trainer cannot "
+                               "reproduce a masked distribution; constrain with structured_outputs") = None
+    bad_words: refused(list[str] | None, "bad_words is not supported: the trainer cannot reproduce a masked "
+                       "distribution", ([],)) = None
+    logits_processors: refused(list[Any] | None, "logits_processors is not supported: the trainer cannot "
+                               "reproduce a processed distribution", ([],)) = None
+    prompt_logprobs: refused(int | None, "prompt_logprobs is not supported here: score a prompt with POST "
+                             "/v1/completions (echo and logprobs) or POST /v1/logprobs") = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guided(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not any(data.get(k) is not None for k in GUIDED):
+            return data
+        if data.get("structured_outputs") is not None:
+            raise ValueError("give structured_outputs or vLLM's older guided_* keys, not both")
+        guided = {GUIDED[k]: data[k] for k in GUIDED if data.get(k) is not None}
+        return {**{k: v for k, v in data.items() if k not in GUIDED}, "structured_outputs": guided}
+
+
+class OpenAISampling(VLLMSampling):
     """How OpenAI's chat and text completions both sample, bounded alike. Unknown parameters (user,
     metadata, store, ...) are accepted and ignored; those that would change the distribution sampled
     from are refused unless neutral (NEUTRAL, logit_bias)."""
@@ -193,6 +267,7 @@ class OpenAISampling(NeutralKnobs):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     logit_bias: LogitBias = None
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name each token "token_id:<id>"
 
 
 class ChatCompletionRequest(OpenAISampling):
@@ -217,6 +292,13 @@ class ChatCompletionRequest(OpenAISampling):
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
     # Reaches the model as its template reads it (gpt-oss's system message), as vLLM passes it.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    # vLLM's, for prefilling the reply: every answer here is a new assistant turn after the messages.
+    continue_final_message: refused(bool | None, "continue_final_message is not supported: art-server answers "
+                                    "with a new assistant turn", (False,)) = None
+    add_generation_prompt: refused(bool | None, "add_generation_prompt false is not supported: art-server answers "
+                                   "with a new assistant turn", (True,)) = None
+    echo: refused(bool | None, "echo is not supported on chat completions: the messages are yours already",
+                  (False,)) = None
 
     @field_validator("messages")
     @classmethod
@@ -244,6 +326,11 @@ class ChatCompletionRequest(OpenAISampling):
             raise ValueError(f"tool_choice names {named!r}, which is not among the tools")
         if self.tool_choice == "required" and not self.tools:
             raise ValueError("tool_choice 'required' needs tools")
+        constrained = (self.tool_choice == "required" or named is not None
+                       or (self.response_format is not None and self.response_format.type != "text"))
+        if self.structured_outputs is not None and constrained:
+            raise ValueError("structured_outputs cannot be combined with response_format or a forced tool call: "
+                             "give one constraint")
         if self.reasoning_effort is not None:  # chat_template_kwargs, where it names one, wins
             self.chat_template_kwargs = {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
         return self

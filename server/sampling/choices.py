@@ -46,16 +46,22 @@ def _token_bytes(host: ModelHost, token_id: int, text: str) -> list[int]:
     return list(text.encode("utf-8", errors="replace"))
 
 
-def token_entry(host: ModelHost, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
+def token_name(tokenizer: Any, token_id: int, as_id: bool = False) -> str:
+    """A token as logprobs name it: its text, or vLLM's "token_id:<id>" (`return_tokens_as_token_ids`),
+    which a client maps back to the exact id where several tokens share one text."""
+    return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id])
+
+
+def _logprob(host: ModelHost, token_id: int, logprob: float, as_id: bool) -> dict[str, Any]:
     text = host.tokenizer.decode([token_id])
-    return {"token": text, "logprob": logprob, "bytes": _token_bytes(host, token_id, text),
-            "top_logprobs": [{"token": (t := host.tokenizer.decode([i])), "logprob": lp, "bytes": _token_bytes(host, i, t)}
-                             for i, lp in (top or [])]}
+    return {"token": token_name(host.tokenizer, token_id, as_id), "logprob": logprob,
+            "bytes": _token_bytes(host, token_id, text)}
 
 
 def logprob_entries(host: ModelHost, ids: list[int], logprobs: list[float],
-                    tops: list[list[tuple[int, float]]] | None) -> list[dict[str, Any]]:
-    return [token_entry(host, t, lp, top) for t, lp, top in zip(ids, logprobs, tops or [None] * len(ids))]
+                    tops: list[list[tuple[int, float]]] | None, as_ids: bool = False) -> list[dict[str, Any]]:
+    return [{**_logprob(host, t, lp, as_ids), "top_logprobs": [_logprob(host, i, v, as_ids) for i, v in top or []]}
+            for t, lp, top in zip(ids, logprobs, tops or [None] * len(ids))]
 
 
 def sampling_info(host: ModelHost, policy: Policy, params: SamplingParams, prompt_ids: list[int],
@@ -90,12 +96,12 @@ def remember(chat: ChatFormat, message: dict[str, Any], seq: DecodeSequence, sam
     chat.turns.remember(message, SampledTurn(tuple(seq.token_ids), record))
 
 
-def build_choice(host: ModelHost, seq: DecodeSequence, sampling: dict[str, Any], tools: ToolSchemas | None
-                 ) -> dict[str, Any]:
+def build_choice(host: ModelHost, seq: DecodeSequence, sampling: dict[str, Any], tools: ToolSchemas | None,
+                 tokens_as_ids: bool = False) -> dict[str, Any]:
     message, finish, malformed = message_and_finish(host.chat, seq, tools)
     remember(host.chat, message, seq, sampling)
-    choice = {"index": seq.index, "message": message, "finish_reason": finish,
-              "logprobs": {"content": logprob_entries(host, seq.token_ids, seq.logprobs, seq.top_logprobs)},
+    logprobs = logprob_entries(host, seq.token_ids, seq.logprobs, seq.top_logprobs, tokens_as_ids)
+    choice = {"index": seq.index, "message": message, "finish_reason": finish, "logprobs": {"content": logprobs},
               "token_ids": list(seq.token_ids), "sampling": sampling}
     if malformed:
         choice["malformed_tool_call"] = True

@@ -22,14 +22,14 @@ from typing import Any, AsyncIterator
 from server.chat.render import RenderedPrompt
 from server.chat.template import TemplateError
 from server.chat.validate import RenderError, validate_messages
-from server.engine.constraints import ConstraintError, constraint_for
 from server.engine.sampling import SamplingParams
 from server.harness.sessions import Recording, SessionError
 from server.request_errors import APIError, session_error
 from server.runs.ownership import Caller
 from server.sampling.chat_request import ChatCompletionRequest
 from server.sampling.choices import build_choice, sampling_info
-from server.sampling.engine_requests import Disconnected, acquire_policy, check_params, room, submit, wait_finished
+from server.sampling.engine_requests import (Disconnected, acquire_policy, check_params, output_constraint, room,
+                                             submit, wait_finished)
 from server.sampling.streaming import Completion, chunk_stream
 from server.state import ServerState
 
@@ -62,11 +62,9 @@ def _prompt(state: ServerState, body: ChatCompletionRequest) -> RenderedPrompt:
 
 def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len: int) -> SamplingParams:
     max_tokens = room(state, prompt_len, "messages", body.token_budget())
-    try:
-        constraint = constraint_for(state.host.chat, body.response_format, body.tool_choice, body.tools,
-                                    body.parallel_tool_calls)
-    except ConstraintError as e:
-        raise APIError(400, str(e), param=e.param, code="unsupported_constraint")
+    constraint = output_constraint(state, response_format=body.response_format, tool_choice=body.tool_choice,
+                                   tools=body.tools, parallel_tool_calls=body.parallel_tool_calls,
+                                   structured=body.structured_outputs)
     params = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens, stop=body.stop,
                             seed=body.seed, top_logprobs=body.top_logprobs or 0, ignore_eos=body.ignore_eos,
                             constraint=constraint)
@@ -102,7 +100,7 @@ async def start(state: ServerState, body: ChatCompletionRequest, who: Caller,
     return Completion(gen, events, "chatcmpl-" + uuid.uuid4().hex, int(time.time()), body.model, prompt.ids,
                       sampling_info(state.host, policy, params, prompt.ids, body.chat_template_kwargs),
                       body.callable_tools(), body.stop, bool((body.stream_options or {}).get("include_usage")),
-                      release=release, on_choice=record)
+                      body.return_tokens_as_token_ids, release=release, on_choice=record)
 
 
 def _begin(record: Recorder, body: ChatCompletionRequest) -> None:
@@ -117,7 +115,7 @@ async def finish(state: ServerState, c: Completion, disconnected: Disconnected) 
     """Every choice of a request that does not stream, in index order; a client gone cancels it."""
     try:
         await wait_finished(c.gen, c.events, disconnected)
-        choices = [build_choice(state.host, s, c.sampling, c.tools) for s in c.gen.sequences]
+        choices = [build_choice(state.host, s, c.sampling, c.tools, c.tokens_as_ids) for s in c.gen.sequences]
         if c.on_choice is not None:  # stored before the answer and the release (which ends the exchange)
             for choice in choices:
                 await asyncio.to_thread(c.on_choice, choice)  # a large exchange takes a while to write

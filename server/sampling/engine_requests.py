@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from protocol.names import run_of
 from server.engine.base import EngineFull, GenRequest, ReplicaLost, Unsupported
+from server.engine.constraints import Constraint, ConstraintError, constraint_for
 from server.engine.sampling import SamplingParams
 from server.request_errors import APIError, other_model
 from server.runs.facade import NotServed, OtherBaseModel
@@ -65,6 +66,15 @@ def room(state: ServerState, prompt_len: int, param: str, budget: int | None = N
                             f"model's context window of {window} (with room for one generated token)",
                        param=param, code="context_length_exceeded")
     return left if budget is None else min(budget, left)
+
+
+def output_constraint(state: ServerState, **request: Any) -> Constraint | None:
+    """The grammar a request's output must follow (constraint_for's keywords), or a 400 naming what
+    cannot be honoured for this model."""
+    try:
+        return constraint_for(state.host.chat, **request)
+    except ConstraintError as e:
+        raise APIError(400, str(e), param=e.param, code="unsupported_constraint")
 
 
 def check_params(state: ServerState, params: SamplingParams) -> None:

@@ -38,6 +38,7 @@ class Completion:
     tools: ToolSchemas | None  # the tools the model may call, by name; None when it may call none
     stops: list[str]
     include_usage: bool = False
+    tokens_as_ids: bool = False  # logprobs name tokens "token_id:<id>" (vLLM's return_tokens_as_token_ids)
     release: Callable[[], None] = lambda: None  # the lease on the policy, given back once
     on_choice: Callable[[dict[str, Any]], None] | None = None  # a session's recorder (blocking: run in a thread)
     choices: dict[int, dict[str, Any]] = field(default_factory=dict)  # finished choices, whole
@@ -111,13 +112,15 @@ class ChoiceStream:
         return out
 
 
-def _new_tokens(host: Any, seq: DecodeSequence, st: ChoiceStream, top_logprobs: bool) -> tuple[int, dict[str, Any]]:
+def _new_tokens(host: Any, seq: DecodeSequence, st: ChoiceStream, top_logprobs: bool,
+                as_ids: bool) -> tuple[int, dict[str, Any]]:
     # The engine thread may be appending to `seq` as we read it (token ids first, then logprobs,
     # then top logprobs): send only the tokens whose every list is complete.
     end = len(seq.top_logprobs) if top_logprobs else len(seq.logprobs)
     ids = seq.token_ids[st.sent_tokens:end]
     tops = seq.top_logprobs[st.sent_tokens:end] if top_logprobs else None
-    extra = {"token_ids": ids, "logprobs": {"content": logprob_entries(host, ids, seq.logprobs[st.sent_tokens:end], tops)}}
+    logprobs = logprob_entries(host, ids, seq.logprobs[st.sent_tokens:end], tops, as_ids)
+    extra = {"token_ids": ids, "logprobs": {"content": logprobs}}
     st.sent_tokens = end
     return end, extra
 
@@ -182,15 +185,15 @@ async def chunk_stream(host: Any, c: Completion, disconnected: Callable[[], Any]
 
 
 def _token_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream) -> dict[str, Any] | None:
-    end, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs))
+    end, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs), c.tokens_as_ids)
     reasoning, content = st.visible(host.chat, host.chat.text(seq.token_ids[:end]), c)
     delta = st.delta(reasoning, content)
     return c.chunk(seq.index, delta, **extra) if delta or extra["token_ids"] else None
 
 
 def _final_chunk(host: Any, c: Completion, seq: DecodeSequence, st: ChoiceStream) -> dict[str, Any]:
-    _, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs))
-    choice = c.choices[seq.index] = build_choice(host, seq, c.sampling, c.tools)
+    _, extra = _new_tokens(host, seq, st, bool(c.gen.params.top_logprobs), c.tokens_as_ids)
+    choice = c.choices[seq.index] = build_choice(host, seq, c.sampling, c.tools, c.tokens_as_ids)
     message, finish, malformed = choice["message"], choice["finish_reason"], choice.get("malformed_tool_call", False)
     delta = st.delta(message.get("reasoning_content") or st.sent_reasoning, message.get("content") or "")
     if message.get("tool_calls"):

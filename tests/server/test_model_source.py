@@ -14,7 +14,6 @@ import torch
 
 from client import SFTConfig, TrainableModel
 from client.local_server import ROOT
-from conftest import ServerProcess
 from server.model.host import ModelHost, pick_dtype
 from server.model.source import hub_patterns, served_name
 from tests.families import FAMILIES, tiny_architecture_dir, tiny_model_dir
