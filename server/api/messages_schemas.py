@@ -3,7 +3,8 @@
 Content blocks are text, `tool_use`, `tool_result` and `thinking` (what a harness echoes back of
 earlier turns); images, documents and server tools fail validation with the block's place named.
 Unknown top-level parameters (metadata, service_tier, ...) are accepted and ignored; `thinking` is
-checked as Anthropic defines it (the chat template, not it, decides whether the model thinks).
+checked as Anthropic defines it (the chat template, not it, decides whether the model thinks);
+`output_config.format` (structured outputs) constrains the answer as chat's `response_format` does.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from protocol.choices import INT64
 from protocol.nesting import check_arguments
-from server.sampling.chat_request import MAX_STOPS, TOOL_NAME, RefusedTopK, object_schema, own_tools_only, refused
+from server.sampling.chat_request import (MAX_STOPS, TOOL_NAME, RefusedTopK, ResponseFormat, object_schema,
+                                         own_tools_only, refused)
 
 
 class _Block(BaseModel):
@@ -105,6 +107,20 @@ class Thinking(BaseModel):
         return v
 
 
+class OutputFormat(BaseModel):
+    """Anthropic's structured outputs: an answer of JSON that the schema admits."""
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # a newer hint than this server knows is not a sampling knob
+
+    format: OutputFormat | None = None
+    # How much the model should think: reaches the template as chat's reasoning_effort does.
+    effort: Literal["low", "medium", "high", "max"] | None = None
+
+
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -124,6 +140,8 @@ class MessagesRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
     mcp_servers: refused(list[Any] | None, "art-server connects to no MCP servers: give the model their tools "
                          "in tools, and run them yourself") = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's name for output_config.format
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -137,4 +155,16 @@ class MessagesRequest(BaseModel):
             raise ValueError(f"tool_choice names {choice.name!r}, which is not among the tools")
         if choice is not None and choice.type == "any" and not self.tools:
             raise ValueError("tool_choice 'any' needs tools")
+        if self.output_format is not None and self.output_config is not None and self.output_config.format is not None:
+            raise ValueError("give the format in output_config.format or in output_format, not both")
         return self
+
+    def response_format(self) -> ResponseFormat | None:
+        """The chat `response_format` the structured-outputs format amounts to."""
+        f = self.output_format or (self.output_config.format if self.output_config else None)
+        return None if f is None else ResponseFormat.model_validate(
+            {"type": "json_schema", "json_schema": {"name": "output", "schema": f.schema_}})
+
+    def reasoning_effort(self) -> str | None:
+        effort = self.output_config.effort if self.output_config else None
+        return "xhigh" if effort == "max" else effort

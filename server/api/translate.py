@@ -61,11 +61,13 @@ def messages_chat(body: MessagesRequest) -> ChatCompletionRequest:
         _check_thinking_budget(body)
         conversation = translation.anthropic_conversation(raw.get("system"), raw["messages"])
         _check_order(conversation)
+        _check_no_prefill(body)  # after the blocks' own checks, which name the block
         return _chat_request(
             model=body.model, messages=conversation.messages, tools=translation.anthropic_tools(raw.get("tools")),
             tool_choice=tool_choice, parallel_tool_calls=parallel, max_tokens=body.max_tokens,
             stop=body.stop_sequences, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-            stream=body.stream, chat_template_kwargs=body.chat_template_kwargs)
+            stream=body.stream, chat_template_kwargs=body.chat_template_kwargs,
+            response_format=body.response_format(), reasoning_effort=body.reasoning_effort())
     except TranslationError as e:
         raise _bad_request(e)
 
@@ -76,6 +78,16 @@ def _check_thinking_budget(body: MessagesRequest) -> None:
     if budget is not None and budget >= body.max_tokens:
         raise TranslationError("thinking.budget_tokens",
                                f"must be less than max_tokens ({budget} >= {body.max_tokens})")
+
+
+def _check_no_prefill(body: MessagesRequest) -> None:
+    # To Anthropic a last assistant message is the start of the answer, to be continued; a chat
+    # template would close it and answer anew, which the client would read as its continuation.
+    # Anthropic's current models refuse a prefill too.
+    last = len(body.messages) - 1
+    if body.messages[last].role == "assistant":
+        raise TranslationError(f"messages[{last}]", "prefilling the assistant's answer is not supported: art-server "
+                                                    "answers with a new turn, so end with a user message")
 
 
 def _bad_request(e: TranslationError) -> APIError:

@@ -144,3 +144,43 @@ def test_messages_with_thinking_anthropic_defines_still_samples(claude, thinking
     m = claude.messages.create(model=MODEL, max_tokens=1025, thinking=thinking, stop_sequences=[" ", "a", "e", "o"],
                                messages=[{"role": "user", "content": "hi"}])
     assert m.usage.output_tokens >= 1
+
+
+@pytest.mark.parametrize("field", ["output_config", "output_format"])
+def test_messages_structured_outputs_constrain_the_answer(claude, field):
+    fmt = {"type": "json_schema", "schema": SCHEMA}
+    body = {"output_config": {"format": fmt, "effort": "low"}} if field == "output_config" else {"output_format": fmt}
+    for seed in range(2):
+        m = claude.messages.create(model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "Score it."}],
+                                   extra_body={**body, "seed": seed})
+        assert m.stop_reason == "end_turn" and set(json.loads(m.content[0].text)) == {"score"}, m.content
+        # the effort reaches the template as chat's reasoning_effort does
+        assert m.model_extra["sampling"].get("chat_template_kwargs") == (
+            {"reasoning_effort": "low"} if field == "output_config" else None), m.model_extra["sampling"]
+    with claude.messages.stream(model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "Score it."}],
+                                extra_body=body) as stream:
+        assert set(json.loads(stream.get_final_message().content[0].text)) == {"score"}
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"output_config": {"format": {"type": "xml"}}}, "output_config.format"),
+    ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+      "output_format": {"type": "json_schema", "schema": SCHEMA}}, "output_format")])
+def test_messages_refuses_a_format_it_cannot_honour(claude, body, field):
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}], extra_body=body)
+    assert field in e.value.body["error"]["message"] or field == e.value.body["error"]["param"], e.value.body
+
+
+def test_messages_refuses_a_prefill_it_would_answer_as_a_new_turn(claude):
+    # To Anthropic the last assistant message is the answer's start; a template would close it and
+    # answer anew, and the client would join the two.
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model=MODEL, max_tokens=8, messages=[
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "The price"}])
+    assert e.value.body["error"]["param"] == "messages[1]" and "prefill" in e.value.body["error"]["message"]
+    m = claude.messages.create(model=MODEL, max_tokens=8, messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "The price"},
+        {"role": "user", "content": "and?"}])
+    assert m.usage.output_tokens >= 1
