@@ -94,7 +94,7 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 def _for(request: Request, response: JSONResponse) -> JSONResponse:
     """Anthropic's clients read `{"type": "error", "error": {...}}`: on the Messages paths the
     body says so too (the rest of it is the same)."""
-    if request.url.path.endswith("/messages"):
+    if request.url.path.endswith(("/messages", "/messages/count_tokens")):
         body = json.loads(response.body)
         return JSONResponse({"type": "error", **body}, status_code=response.status_code, headers={
             k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")})

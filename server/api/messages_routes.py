@@ -11,6 +11,7 @@ Anthropic's clients authenticate with `x-api-key` (server/api/auth.py takes it),
 `{"type": "error", ...}` bodies, which server/api/errors.py gives on these paths. Under
 `/v1/sessions/{id}/` (and `/v1/sessions/{id}/v1/messages`, where Anthropic's SDK goes when its
 base URL is the session's) every exchange is also recorded for the session.
+`POST /v1/messages/count_tokens` gives the prompt's length as the same request would render it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from server.api.auth import require_api_key
 from server.api.deps import SessionId, State, open_session
 from server.api.errors import documented
 from server.api.limits import GuardedRoute
-from server.api.messages_schemas import MessagesRequest
+from server.api.messages_schemas import CountTokensRequest, MessagesRequest
 from server.sampling import completions
 from server.sampling.streaming import Completion
 from server.state import ServerState
@@ -45,6 +46,16 @@ async def create_message(body: MessagesRequest, request: Request, state: State):
 @router.post("/v1/sessions/{session_id}/v1/messages", include_in_schema=False)
 async def create_message_in_session(session_id: SessionId, body: MessagesRequest, request: Request, state: State):
     return await _message(body, request, state, open_session(state, session_id, request))
+
+
+@router.post("/v1/messages/count_tokens", responses=documented(404))
+@router.post("/v1/sessions/{session_id}/messages/count_tokens", include_in_schema=False)
+@router.post("/v1/sessions/{session_id}/v1/messages/count_tokens", include_in_schema=False)
+async def count_tokens(body: CountTokensRequest, request: Request, state: State) -> dict[str, int]:
+    """The prompt's length as /v1/messages would render it (Claude Code asks, to know when to
+    compact its context); under a session nothing is recorded."""
+    chat = translate.messages_chat(body, answered=False)
+    return {"input_tokens": await completions.prompt_length(state, chat, require_api_key(request))}
 
 
 async def _message(body: MessagesRequest, request: Request, state: ServerState, record: completions.Recorder | None):

@@ -168,3 +168,9 @@ class MessagesRequest(BaseModel):
     def reasoning_effort(self) -> str | None:
         effort = self.output_config.effort if self.output_config else None
         return "xhigh" if effort == "max" else effort
+
+
+class CountTokensRequest(MessagesRequest):
+    """`POST /v1/messages/count_tokens`: a Messages request counted, not sampled, so without max_tokens."""
+
+    max_tokens: int = Field(default=INT64, ge=1, le=INT64)  # no budget: nothing is sampled

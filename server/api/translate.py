@@ -53,15 +53,17 @@ def responses_chat(body: ResponsesRequest,
     return history.messages, chat
 
 
-def messages_chat(body: MessagesRequest) -> ChatCompletionRequest:
-    """The chat request a Messages request amounts to."""
+def messages_chat(body: MessagesRequest, answered: bool = True) -> ChatCompletionRequest:
+    """The chat request a Messages request amounts to; one only counted (`answered` false) may end
+    on the assistant's turn, which Anthropic counts as it stands."""
     raw = body.model_dump(include={"system", "messages", "tools", "tool_choice"}, exclude_none=True)
     tool_choice, parallel = translation.anthropic_tool_choice(raw.get("tool_choice"))
     try:
         _check_thinking_budget(body)
         conversation = translation.anthropic_conversation(raw.get("system"), raw["messages"])
         _check_order(conversation)
-        _check_no_prefill(body)  # after the blocks' own checks, which name the block
+        if answered:
+            _check_no_prefill(body)  # after the blocks' own checks, which name the block
         return _chat_request(
             model=body.model, messages=conversation.messages, tools=translation.anthropic_tools(raw.get("tools")),
             tool_choice=tool_choice, parallel_tool_calls=parallel, max_tokens=body.max_tokens,

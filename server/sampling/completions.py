@@ -72,6 +72,13 @@ def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len
     return params
 
 
+async def prompt_length(state: ServerState, body: ChatCompletionRequest, who: Caller) -> int:
+    """How many tokens the request's prompt renders to, as `start` would render it for `body.model`
+    (a name `who` may sample from): Anthropic's count_tokens."""
+    state.runs.release(await acquire_policy(state, body.model, who))
+    return len(_prompt(state, body).ids)
+
+
 async def start(state: ServerState, body: ChatCompletionRequest, who: Caller,
                 record: Recorder | None = None) -> Completion:
     """The request rendered, checked and handed to the engine, holding its policy until `release`

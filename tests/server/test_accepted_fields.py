@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -184,3 +185,33 @@ def test_messages_refuses_a_prefill_it_would_answer_as_a_new_turn(claude):
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "The price"},
         {"role": "user", "content": "and?"}])
     assert m.usage.output_tokens >= 1
+
+
+def test_messages_count_tokens_counts_what_the_same_request_would_render(server, claude):
+    # Claude Code asks before each turn, to know when to compact its context.
+    tools = [{"name": "get_price", "description": "Price of an item", "input_schema": {
+        "type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}}]
+    history = [{"role": "user", "content": "What does a lamp cost?"},
+               {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_price",
+                                                  "input": {"item": "lamp"}}]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "3"}]}]
+    kw = dict(model=MODEL, messages=history, system="Be brief.", tools=tools)
+    sampled = claude.messages.create(max_tokens=2, **kw).usage.input_tokens
+    assert claude.messages.count_tokens(**kw).input_tokens == sampled
+    assert claude.beta.messages.count_tokens(**kw).input_tokens == sampled  # Claude Code's: ?beta=true
+    # A conversation that ends on the assistant's turn is counted as it stands, not refused as a prefill.
+    longer = claude.messages.count_tokens(model=MODEL, messages=[*history, {"role": "assistant", "content": "It is"}])
+    assert longer.input_tokens > claude.messages.count_tokens(model=MODEL, messages=history).input_tokens
+
+    in_session = anthropic.Anthropic(base_url=server.url + "/v1/sessions/counted", api_key="x", max_retries=0)
+    assert in_session.messages.count_tokens(**kw).input_tokens == sampled
+    in_session.messages.create(max_tokens=2, **kw)
+    # the exchange sampled is the session's one: counting recorded none
+    assert httpx.get(server.url + "/v1/sessions/counted").json()["exchanges"] == 1
+
+    with pytest.raises(anthropic.NotFoundError) as e:
+        claude.messages.count_tokens(model="no-such-run", messages=history)
+    assert e.value.body["type"] == "error" and e.value.body["error"]["param"] == "model", e.value.body
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": [{"type": "tool_use"}]}])
+    assert e.value.body["error"]["message"].startswith("messages[0].content[0]"), e.value.body
