@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from server import export_queue
 from server.api import (errors, exporter_routes, generate_routes, jsonl_routes, limits, logprobs_routes,
                         messages_routes, openai_routes, responses_routes, session_routes, text_completions_routes,
-                        training_routes, ui_routes)
+                        tokenize_routes, training_routes, ui_routes)
 from server.api.auth import identify
 from server.harness.responses import ResponseStore
 from server.harness.sessions import Sessions
@@ -148,6 +148,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(generate_routes.router)
     app.include_router(text_completions_routes.router)
     app.include_router(logprobs_routes.router)
+    app.include_router(tokenize_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(messages_routes.router)
     app.include_router(session_routes.router)

@@ -55,7 +55,7 @@ async def count_tokens(body: CountTokensRequest, request: Request, state: State)
     """The prompt's length as /v1/messages would render it (Claude Code asks, to know when to
     compact its context); under a session nothing is recorded."""
     chat = translate.messages_chat(body, answered=False)
-    return {"input_tokens": await completions.prompt_length(state, chat, require_api_key(request))}
+    return {"input_tokens": len(await completions.prompt_ids(state, chat, require_api_key(request)))}
 
 
 async def _message(body: MessagesRequest, request: Request, state: ServerState, record: completions.Recorder | None):

@@ -28,8 +28,8 @@ from server.request_errors import APIError, session_error
 from server.runs.ownership import Caller
 from server.sampling.chat_request import ChatCompletionRequest
 from server.sampling.choices import build_choice, sampling_info
-from server.sampling.engine_requests import (Disconnected, acquire_policy, check_params, output_constraint, room,
-                                             submit, wait_finished)
+from server.sampling.engine_requests import (Disconnected, acquire_policy, check_params, check_served, output_constraint,
+                                             room, submit, wait_finished)
 from server.sampling.streaming import Completion, chunk_stream
 from server.state import ServerState
 
@@ -72,11 +72,11 @@ def _sampling_params(state: ServerState, body: ChatCompletionRequest, prompt_len
     return params
 
 
-async def prompt_length(state: ServerState, body: ChatCompletionRequest, who: Caller) -> int:
-    """How many tokens the request's prompt renders to, as `start` would render it for `body.model`
-    (a name `who` may sample from): Anthropic's count_tokens."""
-    state.runs.release(await acquire_policy(state, body.model, who))
-    return len(_prompt(state, body).ids)
+async def prompt_ids(state: ServerState, body: ChatCompletionRequest, who: Caller) -> list[int]:
+    """The request's prompt as `start` would render it for `body.model` (a name `who` may sample
+    from), sampling nothing: Anthropic's count_tokens, vLLM's tokenize."""
+    await check_served(state, body.model, who)
+    return _prompt(state, body).ids
 
 
 async def start(state: ServerState, body: ChatCompletionRequest, who: Caller,

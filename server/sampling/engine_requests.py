@@ -46,6 +46,11 @@ async def acquire_policy(state: ServerState, model: str, who: Caller) -> Policy:
                        param="model", code="model_not_found")
 
 
+async def check_served(state: ServerState, model: str, who: Caller) -> None:
+    """`model` is a name `who` may sample from: a 404 (or 403) as a sampling request would get."""
+    state.runs.release(await acquire_policy(state, model, who))
+
+
 def check_token_ids(state: ServerState, ids: list[int], param: str) -> None:
     """A 400 naming `param` for an id outside this model's vocabulary."""
     vocab = state.host.vocab_size

@@ -1,8 +1,9 @@
-"""vLLM's own request keys, as RL clients written against vLLM send them, on the embedded model:
-structured outputs (`structured_outputs`, or the older `guided_*` keys) constrain the answer on the
-chat, text and token-in routes; `return_tokens_as_token_ids` names each logprob's token by its id;
-and a key that would change what is sampled or returned (`min_tokens`, `continue_final_message`,
-...) is a 400 naming it, not silently dropped, while its default value is taken.
+"""vLLM's own request keys and routes, as RL clients written against vLLM send them, on the embedded
+model: structured outputs (`structured_outputs`, or the older `guided_*` keys) constrain the answer
+on the chat, text and token-in routes; `return_tokens_as_token_ids` names each logprob's token by
+its id; a key that would change what is sampled or returned (`min_tokens`,
+`continue_final_message`, ...) is a 400 naming it, not silently dropped, while its default value is
+taken; and `/tokenize` gives the ids a chat completion of the same messages is prompted with.
 """
 
 from __future__ import annotations
@@ -149,3 +150,39 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(server, oai):
     every = choice["prompt_token_ids"] + choice["token_ids"]
     assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in every]
     assert all(re.fullmatch(r"token_id:\d+", k) for top in choice["logprobs"]["top_logprobs"][1:] for k in top)
+
+
+def test_tokenize_gives_the_ids_chat_would_prompt_with_sampled_turns_spliced(server, oai):
+    tools = [{"type": "function", "function": {"name": "get_price", "parameters": {
+        "type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}}}]
+    first = oai.chat.completions.create(model=MODEL, messages=ASK, tools=tools, max_tokens=6, seed=4)
+    turn = first.choices[0].message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+    convo = [*ASK, turn, {"role": "user", "content": "Again."}]
+    second = oai.chat.completions.create(model=MODEL, messages=convo, tools=tools, max_tokens=1)
+    r = httpx.post(server.url + "/tokenize", timeout=60, json={"model": MODEL, "messages": convo, "tools": tools})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == second.model_extra["prompt_token_ids"]  # the first turn's sampled ids within
+    assert r.json()["count"] == len(r.json()["tokens"])
+    assert r.json()["max_model_len"] == oai.models.retrieve(MODEL).model_extra["max_model_len"]
+
+    text = httpx.post(server.url + "/tokenize", timeout=60,
+                      json={"prompt": "The colour is", "return_token_strs": True}).json()  # no model: the base's
+    assert text["tokens"] == oai.completions.create(model=MODEL, prompt="The colour is",
+                                                    max_tokens=1).choices[0].model_extra["prompt_token_ids"]
+    assert len(text["token_strs"]) == text["count"]
+    back = httpx.post(server.url + "/detokenize", timeout=60, json={"model": MODEL, "tokens": text["tokens"]}).json()
+    assert back["prompt"].endswith("The colour is"), back
+
+
+@pytest.mark.parametrize("route,body,status,field", [
+    ("/tokenize", {"model": MODEL}, 400, None),
+    ("/tokenize", {"prompt": "a", "messages": ASK}, 400, None),
+    ("/tokenize", {"model": "no-such-run", "prompt": "a"}, 404, "model"),
+    ("/tokenize", {"messages": ASK, "add_generation_prompt": False}, 400, "add_generation_prompt"),
+    ("/tokenize", {"messages": ASK, "chat_template": "{{ messages }}"}, 400, "chat_template"),
+    ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+    ("/detokenize", {"tokens": [10**9]}, 400, "tokens"),
+    ("/detokenize", {"model": "no-such-run", "tokens": [1]}, 404, "model")])
+def test_tokenize_and_detokenize_refuse_what_they_cannot_do_naming_it(server, route, body, status, field):
+    r = httpx.post(server.url + route, json=body, timeout=60)
+    assert r.status_code == status and r.json()["error"]["param"] == field, r.text
