@@ -92,8 +92,8 @@ def _legacy_logprobs(tok: Any, ids: list[int], logprobs: list[float | None],
                      as_ids: bool = False) -> Logprobs:
     """Each token's name (its text, or "token_id:<id>"), logprob, likeliest alternatives (the token
     itself among them, as vLLM and lm-eval's greedy check read them) and offset in the choice's text."""
-    names = [token_name(tok, t, as_ids) for t in ids]
-    top = [None if lp is None else {**{token_name(tok, i, as_ids): v for i, v in k or []}, name: lp}
+    names = [token_name(t, tok.decode([t]), as_ids) for t in ids]
+    top = [None if lp is None else {**{token_name(i, tok.decode([i]), as_ids): v for i, v in k or []}, name: lp}
            for name, lp, k in zip(names, logprobs, tops or [None] * len(ids))]
     return {"tokens": names, "token_logprobs": list(logprobs), "top_logprobs": top, "text_offset": offsets.of(ids)}
 

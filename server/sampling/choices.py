@@ -46,16 +46,15 @@ def _token_bytes(host: ModelHost, token_id: int, text: str) -> list[int]:
     return list(text.encode("utf-8", errors="replace"))
 
 
-def token_name(tokenizer: Any, token_id: int, as_id: bool = False) -> str:
+def token_name(token_id: int, text: str, as_id: bool) -> str:
     """A token as logprobs name it: its text, or vLLM's "token_id:<id>" (`return_tokens_as_token_ids`),
     which a client maps back to the exact id where several tokens share one text."""
-    return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id])
+    return f"token_id:{token_id}" if as_id else text
 
 
 def _logprob(host: ModelHost, token_id: int, logprob: float, as_id: bool) -> dict[str, Any]:
     text = host.tokenizer.decode([token_id])
-    return {"token": token_name(host.tokenizer, token_id, as_id), "logprob": logprob,
-            "bytes": _token_bytes(host, token_id, text)}
+    return {"token": token_name(token_id, text, as_id), "logprob": logprob, "bytes": _token_bytes(host, token_id, text)}
 
 
 def logprob_entries(host: ModelHost, ids: list[int], logprobs: list[float],
