@@ -171,6 +171,12 @@ bench-decode: install
 	$(PY) -m tests.real_models
 	$(PY) bench/decode_step.py
 
+# Tasks behind one long system prompt on a model whose layers keep states: with the states kept
+# every --prefix-state-every tokens, and without, in one run (bench/prefix_states.py).
+.PHONY: bench-prefix-states
+bench-prefix-states: install
+	$(PY) bench/prefix_states.py
+
 # A one-row decode step's products on 1 and 2 threads under OpenMP's wait policies: why the engine
 # decodes a few rows on one thread (bench/omp_wait.py).
 .PHONY: bench-omp-wait

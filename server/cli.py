@@ -78,6 +78,7 @@ def serve(
     max_batch: int = setting("max_batch"),
     max_waiting: int = setting("max_waiting"),
     prefix_cache_mb: int = setting("prefix_cache_mb", min=0),
+    prefix_state_every: int = setting("prefix_state_every", min=0),
     kv_cache_mb: int = setting("kv_cache_mb", min=1),
     max_request_bytes: int = setting("max_request_bytes"),
     job_time_limit: float = setting("job_time_limit"),

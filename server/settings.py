@@ -103,6 +103,10 @@ class Settings(BaseModel):
     max_waiting: int = Field(default=512, description="Sequences queued before requests get 503.")
     prefix_cache_mb: int = Field(default=1024, description="MiB of recent long prompts' K/V (the torch engine) that a "
                                  "prompt opening the same way reuses instead of prefilling again (0: off).")
+    prefix_state_every: int = Field(default=1024, ge=0, description="Where a model's layers keep states (Qwen3.5's "
+                                    "linear attention), the prefix cache keeps them every this many tokens of a "
+                                    "prefill, so a prompt sharing only its opening resumes there (0: only at a "
+                                    "prompt's end).")
     kv_cache_mb: int | None = Field(default=None, description="MiB the torch engine's running rows may hold in K/V; "
                                     "a row that would take the batch past it waits for rows to finish (rows that "
                                     "join copy the batch once, so it may briefly take twice this). Default: an "

@@ -26,6 +26,8 @@ OPTION_ENV = ("ARTISAN_API_KEY", "ARTISAN_TENANT_KEYS", "RAY_ADDRESS", "ARTISAN_
 # art-server's options that are no setting, and the two a setting is read from (JSON, a file).
 NOT_SETTINGS = {"log_level", "fd"}
 READ_INTO_SETTINGS = {"chat_template_kwargs", "tenant_keys"}
+# Settings a deployment or a test sets in code, not on the command line.
+NOT_OPTIONS = {"max_sessions", "session_max_tokens", "vllm_start_timeout"}
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +76,7 @@ def test_every_art_server_option_is_a_setting_with_its_description():
     cmd = command(server_cli.app)
     names = {param.name for param in cmd.params}
     assert names - NOT_SETTINGS <= set(Settings.model_fields), names - NOT_SETTINGS - set(Settings.model_fields)
+    assert set(Settings.model_fields) - NOT_OPTIONS <= names, set(Settings.model_fields) - NOT_OPTIONS - names
     for param in cmd.params:
         if param.name in Settings.model_fields and param.name not in READ_INTO_SETTINGS:
             assert param.help == Settings.model_fields[param.name].description, param.name

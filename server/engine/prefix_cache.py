@@ -12,14 +12,16 @@ is loaded again or unloaded (the engine calls `drop`), so a hit is always the we
 decodes with. Logprobs after a cached prefix equal a full prefill's up to float rounding: the
 trainer's recomputation (logprob_gap) is the check. Entries are kept least recently used within a
 byte budget; prompts shorter than `min_tokens` are not worth the copies and never enter. Where layers
-keep a state (a linear attention's), an entry holds the state after its last token too, and is
-reused only whole.
+keep a state (a linear attention's), which holds its whole prefix and cannot be cut back to a shorter
+one, an entry also holds the states after its last token and after every `checkpoint_every` tokens
+of its prefill (art-server --prefix-state-every), and is reused up to the furthest such point within the shared prefix: the tasks of
+one tau2 domain share a system prompt of thousands of tokens, then differ.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,25 +45,37 @@ class Entry:
     keys: list[torch.Tensor]  # per layer, [heads, L, head_dim]
     values: list[torch.Tensor]
     states: list[RowState] | None = None  # per layer that keeps one, its state after all L tokens
+    checkpoints: dict[int, list[RowState]] = field(default_factory=dict)  # the states after fewer tokens
 
     @property
     def nbytes(self) -> int:
-        states = [t for conv, recurrent in self.states or () for t in (*conv.values(), *recurrent.values())]
+        states = [t for row in (self.states, *self.checkpoints.values()) for conv, recurrent in row or ()
+                  for t in (*conv.values(), *recurrent.values())]
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values, *states))
+
+    def states_within(self, shared: int) -> dict[int, list[RowState]]:
+        """The states it holds after at most `shared` of its tokens, by how many tokens they follow."""
+        held = {n: st for n, st in self.checkpoints.items() if n <= shared}
+        if self.states is not None and shared >= len(self.ids):
+            held[len(self.ids)] = self.states
+        return held
 
 
 @dataclass(frozen=True)
 class Hit:
     entry: Entry
     length: int  # the prompt's first `length` tokens have their K/V in the entry
+    states: list[RowState] | None = None  # where layers keep states, theirs after those `length` tokens
 
 
 class PrefixCache:
-    """`whole`: an entry is reused only as a whole, where the model keeps states that cannot be cut
-    back to a shorter prefix (Qwen3.5's linear attention)."""
+    """`stateful`: the model keeps states that cannot be cut back to a shorter prefix (Qwen3.5's
+    linear attention), so an entry is reused only up to a point where it holds them."""
 
-    def __init__(self, max_bytes: int, min_tokens: int = MIN_TOKENS, whole: bool = False):
-        self.max_bytes, self.min_tokens, self.whole = max_bytes, min_tokens, whole
+    def __init__(self, max_bytes: int, min_tokens: int = MIN_TOKENS, stateful: bool = False,
+                 checkpoint_every: int = 0):
+        self.max_bytes, self.min_tokens, self.stateful = max_bytes, min_tokens, stateful
+        self.checkpoint_every = checkpoint_every
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # least recently used first
         self.nbytes = self.hits = self.tokens_reused = 0  # read by /health from another thread
 
@@ -78,25 +92,36 @@ class PrefixCache:
         for entry in self._entries.values():
             if entry.adapter != adapter:
                 continue
-            shared = shared_length(entry.ids, prompt[:-1])
-            if self.whole and shared < len(entry.ids):
-                continue
+            shared, states = shared_length(entry.ids, prompt[:-1]), None
+            if self.stateful:
+                held = entry.states_within(shared)
+                shared = max(held, default=0)
+                states = held.get(shared)
             if shared >= self.min_tokens and (best is None or shared > best.length):
-                best = Hit(entry, shared)
+                best = Hit(entry, shared, states)
         if best is not None:
             self._entries.move_to_end(id(best.entry))
             self.hits += 1
             self.tokens_reused += best.length
         return best
 
+    def checkpoints(self, start: int, end: int) -> list[int]:
+        """Where a prefill of tokens start..end stops to keep the states (none where no layer keeps one).
+        Each is at most `checkpoint_every` tokens a later prompt computes again, and a state an entry
+        holds (for a 0.8B Qwen3.5, about 18 MB)."""
+        if not self.stateful or self.max_bytes <= 0 or self.checkpoint_every <= 0:
+            return []
+        every = self.checkpoint_every
+        return list(range((start // every + 1) * every, end, every))
+
     def add(self, adapter: str | None, ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor],
-            states: list[RowState] | None = None) -> None:
+            states: list[RowState] | None = None, checkpoints: dict[int, list[RowState]] | None = None) -> None:
         """Keep the K/V of `ids` (per layer [heads, len(ids), head_dim], not shared with any batch),
-        and the states after them. An entry they extend is replaced by them; one that already covers
-        them stays alone."""
+        the states after them, and after fewer of them (`checkpoints`). An entry they extend is
+        replaced by them, its states kept with theirs; one that already covers them stays alone."""
         if not self.wants(ids):
             return
-        prompt = torch.tensor(ids)
+        prompt, checkpoints = torch.tensor(ids), dict(checkpoints or {})
         for key, entry in list(self._entries.items()):
             if entry.adapter != adapter:
                 continue
@@ -104,8 +129,9 @@ class PrefixCache:
                 if len(entry.ids) >= len(prompt):
                     self._entries.move_to_end(key)
                     return
+                checkpoints = {**entry.states_within(len(entry.ids)), **checkpoints}
                 self._remove(key)
-        entry = Entry(adapter, prompt, keys, values, states)
+        entry = Entry(adapter, prompt, keys, values, states, checkpoints)
         if entry.nbytes > self.max_bytes:
             return
         self._entries[id(entry)] = entry

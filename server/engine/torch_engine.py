@@ -24,6 +24,7 @@ slot is decoded with the others meanwhile, which on weights-bound decode steps c
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import deque
@@ -34,7 +35,7 @@ import torch
 from server.engine.base import EngineError, EngineFull, GenRequest, DecodeSequence, record_token
 from server.engine.constraints import ConstraintState
 from server.engine.kv_cache import HEADROOM, BatchKV
-from server.engine.prefix_cache import Hit, PrefixCache
+from server.engine.prefix_cache import Hit, PrefixCache, RowState
 from server.engine.sampling import sample
 from server.model.architecture import continues_from_cache, kv_shape
 from server.model.threads import own_threads
@@ -76,14 +77,17 @@ def _chunks(groups: list[list[DecodeSequence]], budget: int) -> list[list[list[D
 class TorchEngine:
     max_lora_rank = None
 
-    def __init__(self, host: ModelHost, max_batch: int, max_waiting: int, prefix_cache_mb: int, kv_cache_mb: int):
+    def __init__(self, host: ModelHost, max_batch: int, max_waiting: int, prefix_cache_mb: int, kv_cache_mb: int,
+                 prefix_state_every: int):
         self.host = host
         self._cached = kv_shape(host.base_model)  # what each layer caches per token
         # A layer's state (Qwen3.5's linear attention) holds a whole prefix and cannot be cut back to a
-        # shorter one: such a model reuses a cached prefix only whole, where its forward continues one.
+        # shorter one: such a model reuses a cached prefix up to where its states were kept, where its
+        # forward continues one.
         stateful = "state" in self._cached.kinds
         cacheable = not stateful or continues_from_cache(host.base_model)
-        self.prefix = PrefixCache(prefix_cache_mb * 2**20 if cacheable else 0, whole=stateful)
+        self.prefix = PrefixCache(prefix_cache_mb * 2**20 if cacheable else 0, stateful=stateful,
+                                  checkpoint_every=prefix_state_every)
         self.max_batch = max_batch
         self.kv_budget = kv_cache_mb * 2**20
         self.max_waiting = max_waiting
@@ -103,7 +107,8 @@ class TorchEngine:
     def from_settings(cls, host: ModelHost, settings: Settings) -> TorchEngine:
         kv_cache_mb = settings.kv_cache_mb or max(KV_FLOOR_MB, available_memory(host.device) // KV_SHARE // 2**20)
         return cls(host, max_batch=settings.max_batch, max_waiting=settings.max_waiting,
-                   prefix_cache_mb=settings.prefix_cache_mb, kv_cache_mb=kv_cache_mb)
+                   prefix_cache_mb=settings.prefix_cache_mb, kv_cache_mb=kv_cache_mb,
+                   prefix_state_every=settings.prefix_state_every)
 
     # ---- Engine ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -254,33 +259,41 @@ class TorchEngine:
         """One long prompt, computed once after `hit`'s cached prefix however many rows sample from
         it (the samples of a request, the rollouts of a group), and kept in the prefix cache."""
         prompt, adapter = group[0].request.prompt_ids, group[0].request.policy.adapter
-        kv, logits = self._forward_prompts(group[:1], hit)
+        kv, logits, checkpoints = self._forward_prompts(group[:1], hit)
         keys, values = [k[0, :, :len(prompt)] for k in kv.kbufs], [v[0, :, :len(prompt)] for v in kv.vbufs]
         states = kv.row_states(0)
-        self.prefix.add(adapter, prompt, [k.clone() for k in keys], [v.clone() for v in values], states)
+        if hit is not None:  # the states it kept within the prefix this prompt shares hold for this one too
+            checkpoints = {**hit.entry.states_within(hit.length), **checkpoints}
+        self.prefix.add(adapter, prompt, [k.clone() for k in keys], [v.clone() for v in values], states, checkpoints)
         if len(group) > 1:
             kv = self._empty_kv(len(group), len(prompt))
             kv.write_prefix(keys, values, len(prompt), states)
             logits = logits.expand(len(group), -1).contiguous()
         self._join(group, kv, logits)
 
-    def _forward_prompts(self, rows: list[DecodeSequence], hit: Hit | None) -> tuple[BatchKV, torch.Tensor]:
-        """Prefill prompts of one length after `hit`'s cached prefix: their K/V, and the logits
-        that sample each row's first token."""
+    def _forward_prompts(self, rows: list[DecodeSequence], hit: Hit | None
+                         ) -> tuple[BatchKV, torch.Tensor, dict[int, list[RowState]]]:
+        """Prefill prompts of one length after `hit`'s cached prefix: their K/V, the logits that
+        sample each row's first token, and (where layers keep states) the first row's states at the
+        prefix cache's checkpoints, the forward stopping at each."""
         length, start = len(rows[0].request.prompt_ids), hit.length if hit is not None else 0
-        ids = torch.tensor([s.request.prompt_ids[start:] for s in rows], device=self.host.device)
         kv = self._empty_kv(len(rows), length)
         if hit is not None:
-            kv.write_prefix(hit.entry.keys, hit.entry.values, start, hit.entry.states)
-        out = self.host.decode(
-            ids, [s.request.policy.adapter for s in rows],
-            past_key_values=kv.cache(), use_cache=True,
-            attention_mask=torch.ones(len(rows), length, dtype=torch.long, device=ids.device),
-            position_ids=torch.arange(start, length, device=ids.device)[None, :].expand(len(rows), -1),
-            logits_to_keep=1,
-        )
-        kv.advance(length - start)
-        return kv, out.logits[:, -1, :]
+            kv.write_prefix(hit.entry.keys, hit.entry.values, start, hit.states)
+        checkpoints: dict[int, list[RowState]] = {}
+        for at, end in itertools.pairwise([start, *self.prefix.checkpoints(start, length), length]):
+            ids = torch.tensor([s.request.prompt_ids[at:end] for s in rows], device=self.host.device)
+            out = self.host.decode(
+                ids, [s.request.policy.adapter for s in rows],
+                past_key_values=kv.cache(), use_cache=True,
+                attention_mask=torch.ones(len(rows), end, dtype=torch.long, device=ids.device),
+                position_ids=torch.arange(at, end, device=ids.device)[None, :].expand(len(rows), -1),
+                logits_to_keep=1,
+            )
+            kv.advance(end - at)
+            if end < length:
+                checkpoints[end] = kv.row_states(0)
+        return kv, out.logits[:, -1, :], checkpoints
 
     def _empty_kv(self, rows: int, prompt_length: int) -> BatchKV:
         c = self._cached

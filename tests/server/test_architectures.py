@@ -18,6 +18,7 @@ import transformers
 
 from client import TrainableModel
 from protocol.trajectory import Trajectory, TrajectoryGroup
+from server.settings import Settings
 from server.model.architecture import (ModelRefused, decoder, head_mismatch, kv_shape, lora_targets, output_logits,
                                        takes_tree_mask)
 from tests.families import tiny_architecture_dir, tiny_gemma4_vlm_dir
@@ -231,6 +232,35 @@ async def test_a_turn_after_a_long_prompt_starts_from_the_states_it_left(archite
         want = completion_logprobs(model, prompt, choice.model_extra["token_ids"])
         got = torch.tensor([e.logprob for e in choice.logprobs.content])
         assert (got - want).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("architecture", ["Qwen3_5TextConfig", "NemotronHConfig"])
+async def test_prompts_sharing_a_long_opening_resume_from_the_states_kept_within_it(architecture, tmp_path_factory,
+                                                                                   fresh_server_module):
+    """The tasks of one domain share a long system prompt, then differ: a prefill keeps the states
+    every --prefix-state-every tokens, and the next task resumes from the furthest within what it
+    shares, sampling as a full forward of the model would."""
+    model_dir = tiny_architecture_dir(architecture, tmp_path_factory.mktemp("m"), **STATEFUL[architecture])
+    srv = fresh_server_module(model=model_dir)
+    system = {"role": "system", "content": "Follow the policy. " * 80}
+    name = model_dir.name.removeprefix("model-")
+    async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
+        first = await client.chat.completions.create(model=name, messages=[system, {"role": "user", "content": "A?"}],
+                                                     max_tokens=4, logprobs=True)  # prefilled in two stretches
+        before = httpx.get(srv.url + "/health").json()["prefix_cache"]
+        second = await client.chat.completions.create(model=name, messages=[system, {"role": "user", "content": "B!"}],
+                                                      max_tokens=6, seed=2, logprobs=True)
+        after = httpx.get(srv.url + "/health").json()["prefix_cache"]
+    prompt, other = second.model_extra["prompt_token_ids"], first.model_extra["prompt_token_ids"]
+    shared = next(i for i, (a, b) in enumerate(zip(prompt, other)) if a != b)
+    every = Settings.model_fields["prefix_state_every"].default
+    assert shared > every and after["hits"] == before["hits"] + 1
+    assert after["tokens_reused"] - before["tokens_reused"] == shared // every * every
+    model = _model(architecture, model_dir.parent, **STATEFUL[architecture])
+    for answer in (first, second):
+        choice = answer.choices[0]
+        want = completion_logprobs(model, answer.model_extra["prompt_token_ids"], choice.model_extra["token_ids"])
+        assert (torch.tensor([e.logprob for e in choice.logprobs.content]) - want).abs().max().item() <= 1e-4
 
 
 async def test_a_multimodal_checkpoint_trains_its_language_model(tmp_path_factory, fresh_server_module):

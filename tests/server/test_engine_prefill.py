@@ -56,7 +56,8 @@ def test_prompts_of_different_lengths_prefill_in_one_forward_with_each_row_s_exa
 
     monkeypatch.setattr(host, "forward", counted)
     monkeypatch.setattr(host, "decode_step", counted_step)
-    engine = TorchEngine(host, max_batch=32, max_waiting=64, prefix_cache_mb=0, kv_cache_mb=1024)
+    engine = TorchEngine(host, max_batch=32, max_waiting=64, prefix_cache_mb=0, kv_cache_mb=1024,
+                         prefix_state_every=0)
     done = threading.Semaphore(0)
     requests = []
     for i, prompt in enumerate(prompts):
@@ -111,7 +112,8 @@ def _sample(engine: TorchEngine, prompt: list[int], seed: int, n: int = 1) -> Ge
 def test_a_finished_turn_s_kv_serves_the_next_turn_which_prefills_only_its_new_tokens(host):
     tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 40).input_ids
     prompt = tokens[:PREFIX_CACHE_MIN + 4]
-    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=256, kv_cache_mb=1024)
+    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=256, kv_cache_mb=1024,
+                         prefix_state_every=0)
     engine.start()
     try:
         first = _sample(engine, prompt, seed=1, n=2)  # two replies: each its own entry
@@ -162,7 +164,8 @@ def test_rows_leave_and_join_through_free_slots_without_copying_the_batch(host, 
         original = getattr(BatchKV, name)
         monkeypatch.setattr(BatchKV, name, lambda self, *a, _f=original, _n=name: (copies.append(_n), _f(self, *a))[1])
     tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 4).input_ids
-    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024)
+    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024,
+                         prefix_state_every=0)
 
     long_a, short_b, long_c = (_submit(engine, tokens[:30], 14, 1), _submit(engine, tokens[:20], 3, 2),
                                _submit(engine, tokens[:25], 12, 3))
@@ -182,7 +185,8 @@ def test_rows_leave_and_join_through_free_slots_without_copying_the_batch(host, 
 
 def test_rows_join_only_while_the_batch_s_kv_fits_its_budget_and_keep_their_order(host):
     tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 8).input_ids
-    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024)
+    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024,
+                         prefix_state_every=0)
     engine.kv_budget = engine.kv_bytes(2, 40)  # two rows of a 40-token prompt, not three
 
     first, second = _submit(engine, tokens[:40], 3), _submit(engine, tokens[1:41], 8)
@@ -206,7 +210,8 @@ def test_rows_join_only_while_the_batch_s_kv_fits_its_budget_and_keep_their_orde
 
 def test_a_retired_row_s_slot_counts_against_the_budget_until_the_batch_is_compacted(host):
     tokens = host.tokenizer("the price of the apple is seven dollars and the pear costs two more " * 8).input_ids
-    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024)
+    engine = TorchEngine(host, max_batch=8, max_waiting=16, prefix_cache_mb=0, kv_cache_mb=1024,
+                         prefix_state_every=0)
     engine.kv_budget = engine.kv_bytes(4, 40)
 
     short = [_submit(engine, tokens[i:i + 40], 2) for i in range(2)]

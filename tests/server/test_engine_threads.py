@@ -33,7 +33,8 @@ def test_own_threads_sets_the_calling_thread_s_count_and_no_other_s():
 
 def test_a_decode_step_of_few_rows_runs_on_one_thread_and_a_full_batch_on_the_engine_s_count(monkeypatch):
     host = ModelHost(DEFAULT_MODEL_DIR, device="cpu", dtype="float32")
-    engine = TorchEngine(host, max_batch=2 * (FEW_ROWS + 4), max_waiting=64, prefix_cache_mb=0, kv_cache_mb=1024)
+    engine = TorchEngine(host, max_batch=2 * (FEW_ROWS + 4), max_waiting=64, prefix_cache_mb=0, kv_cache_mb=1024,
+                         prefix_state_every=0)
     threads_by_rows: dict[int, set[int]] = {}
     decode_step = host.decode_step
 

@@ -66,14 +66,39 @@ def test_entries_go_least_recently_used_first_within_the_budget_and_with_their_a
     assert not off.wants(first) and len(off) == 0
 
 
-def test_an_entry_with_states_is_reused_only_whole():
+def test_an_entry_with_states_is_reused_only_where_it_holds_them():
     """A linear attention's state holds its whole prefix and cannot be cut back: a prompt that
-    shares only part of such an entry prefills from scratch, one that extends all of it reuses it."""
-    cache = PrefixCache(max_bytes=10**6, min_tokens=4, whole=True)
+    shares only part of an entry without states there prefills from scratch, one that extends all of
+    it reuses it."""
+    cache = PrefixCache(max_bytes=10**6, min_tokens=4, stateful=True)
     state = [({0: torch.ones(3, 2)}, {0: torch.ones(2, 2, 2)})]
     cache.add("run@1", list(range(10)), *kv(10), states=state)
     assert cache.find("run@1", list(range(8)) + [50, 51, 52]) is None  # 8 shared of 10
     assert cache.find("run@1", list(range(10))) is None  # its last token must be computed: 9 of 10
     hit = cache.find("run@1", list(range(10)) + [50, 51])
-    assert hit.length == 10 and hit.entry.states is state
+    assert hit.length == 10 and hit.states is state
     assert cache.nbytes == 10 * TOKEN_BYTES + (6 + 8) * 4  # the states count against the budget
+
+
+def _states(fill: float) -> list:
+    return [({0: torch.full((3, 2), fill)}, {0: torch.full((2, 2, 2), fill)})]
+
+
+def test_a_prompt_sharing_part_of_an_entry_resumes_from_the_furthest_states_it_kept():
+    """A prefill keeps the states every `checkpoint_every` tokens: the tasks of one tau2 domain share a
+    long system prompt, then differ, and each resumes after the shared part but for fewer than that."""
+    cache = PrefixCache(max_bytes=10**6, min_tokens=4, stateful=True, checkpoint_every=4)
+    assert cache.checkpoints(0, 12) == [4, 8] and cache.checkpoints(5, 9) == [8] and cache.checkpoints(8, 9) == []
+    assert PrefixCache(max_bytes=10**6, checkpoint_every=4).checkpoints(0, 12) == []  # no states to keep
+    first = list(range(12))
+    cache.add("run@1", first, *kv(12), states=_states(12.0), checkpoints={4: _states(4.0), 8: _states(8.0)})
+    assert cache.nbytes == 12 * TOKEN_BYTES + 3 * (6 + 8) * 4
+    hit = cache.find("run@1", first[:10] + [50, 51])  # 10 shared: the states after 8 of them
+    assert hit.length == 8 and hit.states[0][1][0][0, 0, 0] == 8.0
+    assert cache.find("run@1", first[:6] + [50, 51]).length == 4
+    assert cache.find("run@1", first[:3] + [50, 51, 52, 53]) is None
+    # The next turn, extending the whole entry, replaces it and keeps what it held as its own.
+    cache.add("run@1", first + [60, 61, 62], *kv(15), states=_states(15.0))
+    (entry,) = cache._entries.values()
+    assert sorted(entry.checkpoints) == [4, 8, 12] and entry.checkpoints[12][0][1][0][0, 0, 0] == 12.0
+    assert cache.find("run@1", first + [60, 70, 71]).length == 12
