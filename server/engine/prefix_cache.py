@@ -107,8 +107,8 @@ class PrefixCache:
 
     def checkpoints(self, start: int, end: int) -> list[int]:
         """Where a prefill of tokens start..end stops to keep the states (none where no layer keeps one).
-        Each is at most `checkpoint_every` tokens a later prompt computes again, and a state an entry
-        holds (for a 0.8B Qwen3.5, about 18 MB)."""
+        Each is at most `checkpoint_every` tokens a later prompt computes again, and one more state
+        (each such layer's recurrence and convolution window) the entry holds."""
         if not self.stateful or self.max_bytes <= 0 or self.checkpoint_every <= 0:
             return []
         every = self.checkpoint_every
