@@ -46,7 +46,8 @@ def _sampling_params(state: ServerState, body: GenerateRequest) -> SamplingParam
                             f"end on ({sorted(stop_ids)}); art-server would not stop there",
                        param="sampling_params.stop_token_ids", code="unsupported_stop_token_ids")
     max_tokens = room(state, len(body.token_ids), "token_ids", sp.max_tokens)
-    constraint = output_constraint(state, structured=sp.structured_outputs) if sp.structured_outputs else None
+    constraint = (output_constraint(state, "sampling_params.", structured=sp.structured_outputs)
+                  if sp.structured_outputs else None)
     params = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, max_tokens=max_tokens, stop=sp.stop,
                             seed=sp.seed, ignore_eos=sp.ignore_eos, constraint=constraint)
     check_params(state, params)

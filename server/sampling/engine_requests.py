@@ -73,13 +73,13 @@ def room(state: ServerState, prompt_len: int, param: str, budget: int | None = N
     return left if budget is None else min(budget, left)
 
 
-def output_constraint(state: ServerState, **request: Any) -> Constraint | None:
+def output_constraint(state: ServerState, where: str = "", **request: Any) -> Constraint | None:
     """The grammar a request's output must follow (constraint_for's keywords), or a 400 naming what
-    cannot be honoured for this model."""
+    cannot be honoured for this model, as a field of `where` (the token-in route's sampling_params)."""
     try:
         return constraint_for(state.host.chat, **request)
     except ConstraintError as e:
-        raise APIError(400, str(e), param=e.param, code="unsupported_constraint")
+        raise APIError(400, where + str(e), param=where + e.param, code="unsupported_constraint")
 
 
 def check_params(state: ServerState, params: SamplingParams) -> None:

@@ -107,9 +107,12 @@ def test_the_text_and_token_in_routes_refuse_them_too(server):
     r = httpx.post(server.url + "/v1/completions", timeout=60,
                    json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "min_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens", r.text
-    r = httpx.post(server.url + "/inference/v1/generate", timeout=60,
-                   json={"model": MODEL, "token_ids": [1, 2], "sampling_params": {"max_tokens": 2, "bad_words": ["x"]}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.bad_words", r.text
+    for sampling, field in (({"bad_words": ["x"]}, "bad_words"), ({"guided_regex": "("}, "structured_outputs")):
+        r = httpx.post(server.url + "/inference/v1/generate", timeout=60,
+                       json={"model": MODEL, "token_ids": [1, 2], "sampling_params": {"max_tokens": 2, **sampling}})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == f"sampling_params.{field}", r.text
+        assert error["message"].startswith(f"sampling_params.{field}: "), r.text
 
 
 def test_the_defaults_vllm_clients_send_are_taken(server, oai):
