@@ -14,8 +14,9 @@ trainer's recomputation (logprob_gap) is the check. Entries are kept least recen
 byte budget; prompts shorter than `min_tokens` are not worth the copies and never enter. Where layers
 keep a state (a linear attention's), which holds its whole prefix and cannot be cut back to a shorter
 one, an entry also holds the states after its last token and after every `checkpoint_every` tokens
-of its prefill (art-server --prefix-state-every), and is reused up to the furthest such point within the shared prefix: the tasks of
-one tau2 domain share a system prompt of thousands of tokens, then differ.
+of its prefill (art-server --prefix-state-every), and is reused up to the furthest such point within
+the shared prefix: the tasks of one tau2 domain share a system prompt of thousands of tokens, then
+differ.
 """
 
 from __future__ import annotations
