@@ -28,8 +28,8 @@ from server.request_errors import APIError, session_error
 from server.runs.ownership import Caller
 from server.sampling.chat_request import ChatCompletionRequest
 from server.sampling.choices import build_choice, sampling_info
-from server.sampling.engine_requests import (Disconnected, acquire_policy, check_params, check_served, output_constraint,
-                                             room, submit, wait_finished)
+from server.sampling.engine_requests import (Disconnected, acquire_policy, check_params, check_served,
+                                             output_constraint, room, submit, wait_finished)
 from server.sampling.streaming import Completion, chunk_stream
 from server.state import ServerState
 

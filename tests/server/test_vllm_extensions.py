@@ -72,7 +72,8 @@ def test_structured_outputs_constrain_the_text_and_token_in_routes(server, oai):
     assert all(c["text"] in (" red.", " blue.") for c in r.json()["choices"]), r.json()["choices"]
     ids = oai.completions.create(model=MODEL, prompt="hi", max_tokens=1).choices[0].model_extra["prompt_token_ids"]
     r = httpx.post(server.url + "/inference/v1/generate", timeout=120, json={
-        "model": MODEL, "token_ids": ids, "sampling_params": {"max_tokens": 10, "structured_outputs": {"choice": ["up", "down"]}}})
+        "model": MODEL, "token_ids": ids,
+        "sampling_params": {"max_tokens": 10, "structured_outputs": {"choice": ["up", "down"]}}})
     assert r.status_code == 200, r.text
     text = oai.completions.create(model=MODEL, prompt=r.json()["choices"][0]["token_ids"], max_tokens=1, echo=True,
                                   temperature=0).choices[0].text
