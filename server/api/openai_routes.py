@@ -10,6 +10,7 @@ the session (server/harness/sessions.py).
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -30,13 +31,19 @@ router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedR
 
 
 def _card(name: str, state: ServerState) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "artisan",
-            "max_model_len": state.host.context_window}
+    """A model as OpenAI's and vLLM's clients read it, and as Anthropic's do (`type`, `display_name`,
+    `created_at`, `max_input_tokens`: Claude Code sizes its context by them): one route serves both."""
+    now, window = time.time(), state.host.context_window
+    return {"id": name, "object": "model", "created": int(now), "owned_by": "artisan", "max_model_len": window,
+            "type": "model", "display_name": name, "max_input_tokens": window, "max_tokens": window,
+            "created_at": datetime.fromtimestamp(int(now), timezone.utc).isoformat().replace("+00:00", "Z")}
 
 
 @router.get("/v1/models")
 async def list_models(state: State, who: CallerDep) -> dict[str, Any]:
-    return {"object": "list", "data": [_card(name, state) for name in served_names(state, who)]}
+    cards = [_card(name, state) for name in served_names(state, who)]
+    ends = {"first_id": cards[0]["id"], "last_id": cards[-1]["id"]} if cards else {"first_id": None, "last_id": None}
+    return {"object": "list", "data": cards, "has_more": False, **ends}  # has_more, first_id, last_id: Anthropic's
 
 
 @router.get("/v1/models/{model:path}", responses=documented(404, 409))

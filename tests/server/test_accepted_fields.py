@@ -215,3 +215,14 @@ def test_messages_count_tokens_counts_what_the_same_request_would_render(server,
     with pytest.raises(anthropic.BadRequestError) as e:
         claude.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": [{"type": "tool_use"}]}])
     assert e.value.body["error"]["message"].startswith("messages[0].content[0]"), e.value.body
+
+
+def test_the_models_route_answers_anthropic_s_client_too(claude, oai):
+    """Claude Code lists the models and sizes its context by them: one route, both SDKs' fields."""
+    (listed,) = [m for m in claude.models.list() if m.id == MODEL]
+    got = claude.models.retrieve(MODEL)
+    window = oai.models.retrieve(MODEL).model_extra["max_model_len"]
+    for m in (listed, got):
+        assert m.type == "model" and m.display_name == MODEL and m.created_at.year >= 2024
+        assert m.max_input_tokens == window
+    assert [m.id for m in oai.models.list()] == [m.id for m in claude.models.list()]
