@@ -22,7 +22,7 @@ from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.sampling import completions
 from server.sampling.chat_request import ChatCompletionRequest
-from server.sampling.engine_requests import acquire_policy, served_names
+from server.sampling.engine_requests import check_served, served_names
 from server.sampling.streaming import stream_chunks
 from server.state import ServerState
 
@@ -49,7 +49,7 @@ async def list_models(state: State, who: CallerDep) -> dict[str, Any]:
 @router.get("/v1/models/{model:path}", responses=documented(404, 409))
 async def retrieve_model(model: str, state: State, who: CallerDep) -> dict[str, Any]:
     """Any name chat would sample from (`run@step` too), resolved as chat resolves it."""
-    state.runs.release(await acquire_policy(state, model, who))
+    await check_served(state, model, who)
     return _card(model, state)
 
 

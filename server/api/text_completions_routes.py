@@ -28,6 +28,7 @@ from server.api.limits import GuardedRoute
 from server.api.logprobs_routes import scorable
 from server.api.text_completions_schemas import TextCompletionRequest
 from server.engine.base import DecodeSequence
+from server.engine.constraints import Constraint
 from server.engine.sampling import SamplingParams
 from server.model import scoring
 from server.request_errors import APIError
@@ -52,9 +53,9 @@ def _token_ids(state: ServerState, prompt: str | list[int], param: str) -> list[
     return ids
 
 
-def _sampling_params(state: ServerState, body: TextCompletionRequest, prompt_len: int, param: str) -> SamplingParams:
+def _sampling_params(state: ServerState, body: TextCompletionRequest, prompt_len: int, param: str,
+                     constraint: Constraint | None) -> SamplingParams:
     max_tokens = room(state, prompt_len, param, body.max_tokens)
-    constraint = output_constraint(state, structured=body.structured_outputs) if body.structured_outputs else None
     params = SamplingParams(temperature=body.temperature, top_p=body.top_p, max_tokens=max_tokens, stop=body.stop,
                             seed=body.seed, top_logprobs=body.logprobs or 0, constraint=constraint)
     if max_tokens:
@@ -125,9 +126,10 @@ async def _prompt_logprobs(state: ServerState, policy: Policy, ids: list[int], p
 class _Prompt:
     """One prompt of the batch: its ids and sampling, and what its echo puts before each choice."""
 
-    def __init__(self, state: ServerState, body: TextCompletionRequest, prompt: str | list[int], param: str):
+    def __init__(self, state: ServerState, body: TextCompletionRequest, prompt: str | list[int], param: str,
+                 constraint: Constraint | None):
         self.ids = _token_ids(state, prompt, param)
-        self.params = _sampling_params(state, body, len(self.ids), param)
+        self.params = _sampling_params(state, body, len(self.ids), param, constraint)
         self.echo_ids = self.ids if body.echo else []
         text = prompt if isinstance(prompt, str) else state.host.tokenizer.decode(self.ids, skip_special_tokens=True)
         self.echo_text = text if body.echo else ""
@@ -167,7 +169,9 @@ async def completions(body: TextCompletionRequest, request: Request, state: Stat
     policy = await acquire_policy(state, body.model, require_api_key(request))
     batch = body.prompts()
     try:
-        prompts = [_Prompt(state, body, prompt, "prompt" if len(batch) == 1 else f"prompt[{i}]")
+        # compiled once for the batch: every prompt's rows follow the same grammar
+        constraint = output_constraint(state, structured=body.structured_outputs) if body.structured_outputs else None
+        prompts = [_Prompt(state, body, prompt, "prompt" if len(batch) == 1 else f"prompt[{i}]", constraint)
                    for i, prompt in enumerate(batch)]
         for p in prompts:
             await p.echo(state, policy, body)

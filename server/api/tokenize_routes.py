@@ -18,7 +18,8 @@ from server.api.deps import State
 from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.sampling import completions
-from server.sampling.chat_request import ChatCompletionRequest, Messages, refused
+from server.sampling.chat_request import (AddGenerationPrompt, ChatCompletionRequest, ContinueFinalMessage, Messages,
+                                         refused)
 from server.sampling.engine_requests import check_served, check_token_ids
 
 router = APIRouter(dependencies=[Depends(require_api_key)], route_class=GuardedRoute,
@@ -35,10 +36,8 @@ class TokenizeRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool | None = None  # vLLM's defaults: true for a prompt, false for messages
     return_token_strs: bool = False
-    add_generation_prompt: refused(bool | None, "add_generation_prompt false is not supported: messages render as "
-                                   "a chat completion's prompt, which ends on the generation prompt", (True,)) = None
-    continue_final_message: refused(bool | None, "continue_final_message is not supported: messages render as a "
-                                    "chat completion's prompt", (False,)) = None
+    add_generation_prompt: AddGenerationPrompt = None
+    continue_final_message: ContinueFinalMessage = None
     chat_template: refused(str | None, "chat_template is not supported per request: art-server renders with the "
                            "template it serves (art-server --chat-template)") = None
 

@@ -222,13 +222,20 @@ def _tool_grammar(chat: ChatFormat, tools: list[Any], parallel: bool) -> str:
     return f'start: call{more}\ncall: {tag("<tool_call>")} ({body}) {tag("</tool_call>")}\n'
 
 
+def _json_grammar(schema: dict[str, Any] | None) -> str:
+    """JSON that `schema` admits (its listed objects closed), or any object where there is none."""
+    import llguidance
+
+    return llguidance.LLMatcher.grammar_from_json_schema(closed(schema) if schema is not None else {"type": "object"},
+                                                         defaults=JSON_STYLE)
+
+
 def _structured_grammar(chat: ChatFormat, s: Any) -> str:
     """vLLM's structured outputs (server/sampling/chat_request.py's StructuredOutputs) as a grammar."""
     import llguidance
 
     if s.json_schema is not None or s.json_object:
-        schema = closed(s.json_schema) if s.json_schema is not None else {"type": "object"}
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
+        return _json_grammar(s.json_schema)
     if s.regex is not None:
         return llguidance.LLMatcher.grammar_from_regex(s.regex)
     if s.choice is not None:
@@ -260,10 +267,9 @@ def constraint_for(chat: ChatFormat, response_format: Any = None, tool_choice: A
         what = "tool_choice"
     elif response_format is not None and response_format.type != "text":
         stop = None
-        json_schema = response_format.type == "json_schema"
-        schema = closed(response_format.json_schema.schema_) if json_schema else {"type": "object"}
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
+            grammar = _json_grammar(response_format.json_schema.schema_ if response_format.type == "json_schema"
+                                    else None)
         except ValueError as e:
             raise ConstraintError(f"response_format: {e}", "response_format")
         what = "response_format"

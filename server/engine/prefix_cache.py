@@ -66,7 +66,11 @@ class Entry:
 class Hit:
     entry: Entry
     length: int  # the prompt's first `length` tokens have their K/V in the entry
-    states: list[RowState] | None = None  # where layers keep states, theirs after those `length` tokens
+
+    @property
+    def states(self) -> list[RowState] | None:
+        """Where layers keep states, theirs after those `length` tokens."""
+        return self.entry.states_within(self.length).get(self.length)
 
 
 class PrefixCache:
@@ -93,13 +97,11 @@ class PrefixCache:
         for entry in self._entries.values():
             if entry.adapter != adapter:
                 continue
-            shared, states = shared_length(entry.ids, prompt[:-1]), None
-            if self.stateful:
-                held = entry.states_within(shared)
-                shared = max(held, default=0)
-                states = held.get(shared)
+            shared = shared_length(entry.ids, prompt[:-1])
+            if self.stateful:  # only as far as it holds the states
+                shared = max(entry.states_within(shared), default=0)
             if shared >= self.min_tokens and (best is None or shared > best.length):
-                best = Hit(entry, shared, states)
+                best = Hit(entry, shared)
         if best is not None:
             self._entries.move_to_end(id(best.entry))
             self.hits += 1

@@ -179,6 +179,13 @@ ToolChoice = Annotated[Any, WithJsonSchema({"anyOf": [
     {"type": "null"}]})]
 
 
+# vLLM's keys for prefilling a reply: every prompt here ends on a new assistant turn's generation prompt.
+ContinueFinalMessage = refused(bool | None, "continue_final_message is not supported: art-server renders messages "
+                               "as a prompt for a new assistant turn", (False,))
+AddGenerationPrompt = refused(bool | None, "add_generation_prompt false is not supported: art-server renders "
+                              "messages as a prompt for a new assistant turn", (True,))
+
+
 class StructuredOutputs(BaseModel):
     """vLLM's structured outputs: the output must match exactly one of a JSON Schema, a regular
     expression, a list of choices or a lark grammar (server/engine/constraints.py compiles it)."""
@@ -204,8 +211,9 @@ class StructuredOutputs(BaseModel):
 
     @model_validator(mode="after")
     def _one(self) -> "StructuredOutputs":
-        given = [k for k in ("json", "regex", "choice", "grammar", "json_object")
-                 if getattr(self, "json_schema" if k == "json" else k) not in (None, False)]
+        given = [name for name, value in (("json", self.json_schema), ("regex", self.regex), ("choice", self.choice),
+                                          ("grammar", self.grammar), ("json_object", self.json_object))
+                 if value not in (None, False)]
         if len(given) != 1:
             raise ValueError(f"structured_outputs takes exactly one of json, regex, choice, grammar and json_object "
                              f"(got {', '.join(given) or 'none'})")
@@ -292,11 +300,8 @@ class ChatCompletionRequest(OpenAISampling):
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
     # Reaches the model as its template reads it (gpt-oss's system message), as vLLM passes it.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    # vLLM's, for prefilling the reply: every answer here is a new assistant turn after the messages.
-    continue_final_message: refused(bool | None, "continue_final_message is not supported: art-server answers "
-                                    "with a new assistant turn", (False,)) = None
-    add_generation_prompt: refused(bool | None, "add_generation_prompt false is not supported: art-server answers "
-                                   "with a new assistant turn", (True,)) = None
+    continue_final_message: ContinueFinalMessage = None
+    add_generation_prompt: AddGenerationPrompt = None
     echo: refused(bool | None, "echo is not supported on chat completions: the messages are yours already",
                   (False,)) = None
 
