@@ -16,6 +16,8 @@ cpu_torch = $(1)/bin/python -c "import torch; assert torch.version.cuda is None,
 # prints its SyntaxWarnings (reasoning-gym's cellpylib has four) into a CLI's one-line error.
 export UV_COMPILE_BYTECODE := 1
 STAMP := .venv/.installed
+# pytest for the suites' own environments, with the main suite's plugin for a test that hangs.
+PYTEST := pytest pytest-timeout
 PORT ?= 8765
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export OMP_WAIT_POLICY := PASSIVE
@@ -131,14 +133,14 @@ PYTHON312 ?= $(firstword $(foreach p,python3.12 $(wildcard /root/.pyenv/versions
 
 $(ART_STAMP): pyproject.toml Makefile | $(STAMP)
 	test -x $(ART_VENV)/bin/python || python3 -m venv $(ART_VENV)
-	$(UV_INSTALL) $(ART_VENV)/bin/python -e '.[art]' openpipe-art==0.5.18 pytest
+	$(UV_INSTALL) $(ART_VENV)/bin/python -e '.[art]' openpipe-art==0.5.18 $(PYTEST)
 	! $(ART_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(ART_STAMP)
 
 $(ART312_STAMP): pyproject.toml Makefile | $(STAMP)
 	test -n "$(PYTHON312)" || (echo "make test-art needs python3.12 (PYTHON312=/path/to/python3.12)"; exit 1)
 	test -x $(ART312_VENV)/bin/python || $(PYTHON312) -m venv $(ART312_VENV)
-	$(UV_INSTALL) $(ART312_VENV)/bin/python -e '.[art]' openpipe-art==0.5.23 pytest
+	$(UV_INSTALL) $(ART312_VENV)/bin/python -e '.[art]' openpipe-art==0.5.23 $(PYTEST)
 	! $(ART312_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(ART312_STAMP)
 
@@ -204,7 +206,7 @@ VF_STAMP := $(VF_VENV)/.installed
 
 $(VF_STAMP): pyproject.toml Makefile environments/reasoning_gym_env/pyproject.toml | $(STAMP)
 	test -x $(VF_VENV)/bin/python || python3 -m venv $(VF_VENV)
-	$(UV_INSTALL) $(VF_VENV)/bin/python -e . verifiers==0.4.0 reasoning-gym==0.1.25 uv pytest -e environments/reasoning_gym_env
+	$(UV_INSTALL) $(VF_VENV)/bin/python -e . verifiers==0.4.0 reasoning-gym==0.1.25 uv $(PYTEST) -e environments/reasoning_gym_env
 	# Nothing here may bring torch (a CUDA build is gigabytes); the client never imports it.
 	! $(VF_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(VF_STAMP)
@@ -221,7 +223,7 @@ TAU2_STAMP := $(TAU2_VENV)/.installed
 
 $(TAU2_STAMP): pyproject.toml Makefile | $(STAMP)
 	test -x $(TAU2_VENV)/bin/python || python3 -m venv $(TAU2_VENV)
-	$(UV_INSTALL) $(TAU2_VENV)/bin/python -e '.[tau2]' pytest
+	$(UV_INSTALL) $(TAU2_VENV)/bin/python -e '.[tau2]' $(PYTEST)
 	! $(TAU2_VENV)/bin/python -c "import torch" 2>/dev/null
 	touch $(TAU2_STAMP)
 

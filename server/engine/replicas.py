@@ -12,9 +12,11 @@ under the run's name only when every replica can decode it (runs/served_steps.py
 server keeps every loaded adapter (config and weights in Ray's object store); a replica that comes
 back from a restart is given all of them before it is routed to again.
 
-Failures: Ray restarts a dead replica (max_restarts=-1). Its requests in flight fail with the
-API's usual 500 (retryable: a retry is routed to a replica that is up); a monitor thread pings
-every replica, notices a restart (a new incarnation id), reloads the adapters and routes to it again.
+Failures: Ray restarts a dead replica (max_restarts=-1). Its requests in flight fail as lost
+(retryable: a retry is routed to a replica that is up); a monitor thread pings every replica,
+notices a restart (a new incarnation id), reloads the adapters and routes to it again. A request
+also fails as lost once the monitor has seen its replica down or restarted, should Ray's stream of
+the dead actor not end on its own.
 
 Plain Ray actors rather than Ray Serve, by measurement (bench/ray_dispatch.py: two replicas of an
 echo actor on a local cluster, Ray 2.60, the shared 2-core machine at load 10): plain actors started
@@ -215,6 +217,7 @@ class ReplicatedEngine:
     # ---- one request ----------------------------------------------------------------------------
     async def _request(self, r: Replica, req: GenRequest) -> None:
         request_id = uuid.uuid4().hex
+        incarnation = r.incarnation
         gen = r.handle.generate.remote(request_id, req.prompt_ids, req.params, req.policy.adapter, req.n, req.stream)
         cancel_sent = False
         finished = 0
@@ -226,12 +229,20 @@ class ReplicatedEngine:
                     if req.cancelled and not cancel_sent:  # the client went away: its rows stop at the next step
                         r.handle.cancel.remote(request_id)
                         cancel_sent = True
+                    if not nxt.done() and (r.state == "down" or r.incarnation != incarnation):
+                        # The monitor saw the replica die. Ray's stream of a killed actor normally fails at
+                        # once (below), but a stream that never ends would hold the client until its timeout.
+                        nxt.cancel()
+                        raise ReplicaLost(f"engine replica {r.name} was lost while sampling; retry the request")
                 events: list[SeqEvent] = await nxt.result()
                 for ev in events:
                     finished += self._apply(r, req, ev, last=finished == req.n - 1)
         except StopAsyncIteration:
             req.emit("error", ReplicaLost(f"engine replica {r.name} ended the request before it finished; "
                                           f"retry the request"))
+        except ReplicaLost as exc:
+            log.warning("replica %s failed a request: %s", r.name, exc)
+            req.emit("error", exc)
         except EngineError as exc:
             req.emit("error", exc)
         except Exception as exc:  # the replica died or became unreachable: this request fails, a retry goes elsewhere

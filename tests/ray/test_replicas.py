@@ -71,7 +71,7 @@ def _replica_answer(name: str, prompt_ids: list[int], params: SamplingParams, ad
 
 
 def _seeded(srv, model: str) -> tuple[dict, list[int], list[float]]:
-    client = OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    client = OpenAI(base_url=srv.url + "/v1", api_key="x", timeout=120, max_retries=0)
     r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What does a pear cost?"}],
                                        max_tokens=12, temperature=1.0, seed=1234, logprobs=True,
                                        extra_body={"ignore_eos": True})
@@ -89,7 +89,7 @@ async def test_two_replicas_serve_and_health_shows_each(srv):
     assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [os.getpriority(os.PRIO_PROCESS, 0)] * 2
 
     # at once, on a fresh server: the least loaded rule spreads them
-    async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
+    async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", timeout=120, max_retries=0) as client:
         answers = await asyncio.gather(*(client.chat.completions.create(
             model="artisan-tiny", messages=[{"role": "user", "content": f"Tell me about the {fruit}."}],
             max_tokens=48, extra_body={"ignore_eos": True}) for fruit in ("apple", "banana", "cherry", "plum")))
@@ -106,7 +106,7 @@ def test_a_seeded_request_is_token_exact_on_either_replica(srv):
 
 def test_a_streamed_answer_arrives_in_pieces_with_the_same_tokens(srv):
     _, ids, lps = _seeded(srv, "artisan-tiny")
-    client = OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    client = OpenAI(base_url=srv.url + "/v1", api_key="x", timeout=120, max_retries=0)
     stream = client.chat.completions.create(model="artisan-tiny",
                                             messages=[{"role": "user", "content": "What does a pear cost?"}],
                                             max_tokens=12, temperature=1.0, seed=1234, logprobs=True, stream=True,
@@ -123,12 +123,14 @@ def _served(url: str) -> set[str]:
 
 
 def test_a_conversation_s_next_turn_goes_to_the_replica_that_served_its_last(srv):
-    client = OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    client = OpenAI(base_url=srv.url + "/v1", api_key="x", timeout=120, max_retries=0)
     busy = threading.Thread(target=lambda: client.chat.completions.create(
         model="artisan-tiny", messages=[{"role": "user", "content": "Keep replica 0 busy."}], max_tokens=400,
         extra_body={"ignore_eos": True}))
     busy.start()
+    deadline = time.monotonic() + 60
     while _health(srv.url)["replicas"][0]["in_flight"] == 0:
+        assert time.monotonic() < deadline and busy.is_alive(), "replica 0 was never seen sampling"
         time.sleep(0.02)
     messages = [{"role": "user", "content": "Tell me about the pear and the plum, please, in detail."}]
     before = [r["served"] for r in _health(srv.url)["replicas"]]
@@ -179,14 +181,16 @@ async def test_a_replica_killed_mid_load_loses_no_retried_request_and_comes_back
     victim = before[0]
 
     # The SDK retries a 500 (here: the replica died under the request) after a short wait.
-    async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=4) as client:
+    async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", timeout=120, max_retries=4) as client:
         async def one(i: int):
             return await client.chat.completions.create(
                 model="replicated", messages=[{"role": "user", "content": f"Count to {i} in fruit."}],
                 max_tokens=64, extra_body={"ignore_eos": True})
 
         tasks = [asyncio.create_task(one(i)) for i in range(16)]
+        deadline = time.monotonic() + 60
         while _health(srv.url)["replicas"][0]["in_flight"] == 0:
+            assert time.monotonic() < deadline and not all(t.done() for t in tasks), "replica 0 was never seen sampling"
             await asyncio.sleep(0.05)
         os.kill(victim["pid"], signal.SIGKILL)
         answers = await asyncio.gather(*tasks)
@@ -221,8 +225,8 @@ async def test_a_replica_lost_mid_request_is_an_error_a_client_may_retry(srv):
     overloaded_error on Messages)."""
     base = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"][0]["id"]  # any model it serves
     body = {"model": base, "max_tokens": 1024, "extra_body": {"ignore_eos": True}}
-    async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as oa, \
-            anthropic.AsyncAnthropic(base_url=srv.url, api_key="x", max_retries=0) as an:
+    async with AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", timeout=120, max_retries=0) as oa, \
+            anthropic.AsyncAnthropic(base_url=srv.url, api_key="x", timeout=120, max_retries=0) as an:
         async def chat(i: int, stream: bool):
             messages = [{"role": "user", "content": f"Name {i} fruits."}]
             if not stream:

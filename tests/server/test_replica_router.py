@@ -1,11 +1,18 @@
 """The replicas' router (server/engine/router.py): a conversation stays where its prefix is, the
-rest go to the least loaded replica."""
+rest go to the least loaded replica. And a request on a replica that died is never waited on forever."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
+from server.engine.base import GenRequest, ReplicaLost
+from server.engine.replicas import Replica, ReplicatedEngine
 from server.engine.router import Candidate, PrefixMemory, common_prefix, route
+from server.engine.sampling import SamplingParams
+from server.sampling.served_names import Policy
 
 pytestmark = pytest.mark.unit
 
@@ -51,3 +58,52 @@ def test_memory_is_bounded_and_clears():
     memory.clear()
     assert memory.match([4, 5]) == 0
     assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+class _Stream:
+    """A replica's stream that never yields: Ray's stream of an actor that died without saying so."""
+
+    def __anext__(self):
+        return asyncio.get_running_loop().create_future()
+
+
+class _Method:
+    def __init__(self, result=None):
+        self.result = result
+
+    def remote(self, *args):
+        return self.result
+
+
+class _Handle:
+    generate = _Method(_Stream())
+    cancel = _Method()
+
+
+def _on_a_replica_that_goes_quiet(lost_after: float | None) -> list[tuple[str, object]]:
+    """What one request on a silent replica emitted within 1.5 s; the replica is restarted (a new
+    incarnation, as the monitor records it) after `lost_after` seconds, or never."""
+    engine = ReplicatedEngine.__new__(ReplicatedEngine)
+    engine._lock = threading.Lock()
+    replica = Replica(0, "replica-0", _Handle(), state="up", incarnation="first", in_flight=1)
+    emitted = []
+    req = GenRequest([1, 2, 3], SamplingParams(max_tokens=4), Policy("base", None, None, 0),
+                     emit=lambda kind, x: emitted.append((kind, x)))
+
+    async def scenario():
+        task = asyncio.create_task(engine._request(replica, req))
+        if lost_after is not None:
+            await asyncio.sleep(lost_after)
+            replica.incarnation = "second"
+        await asyncio.wait({task}, timeout=1.5)
+        task.cancel()
+
+    asyncio.run(scenario())
+    return emitted
+
+
+def test_a_request_on_a_replica_the_monitor_saw_restart_fails_as_lost_even_if_its_stream_never_ends():
+    emitted = _on_a_replica_that_goes_quiet(lost_after=0.1)
+    assert [(kind, type(x)) for kind, x in emitted] == [("error", ReplicaLost)]
+    assert "retry the request" in str(emitted[0][1])
+    assert _on_a_replica_that_goes_quiet(lost_after=None) == []  # a slow replica that lives is waited for
