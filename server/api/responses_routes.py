@@ -4,8 +4,9 @@ Input items become chat messages (server/api/translate.py, by protocol/translati
 the one path samples them (server/sampling/completions.py), and the choice comes back as output
 items: reasoning where the parser found it, the message, one function_call per call. Beside
 OpenAI's fields the response carries what training needs: `prompt_token_ids`, `token_ids`,
-`logprobs` and `sampling`, as a chat choice does. A stream sends Responses' events;
-`response.completed` holds all of that.
+`logprobs` and `sampling`, as a chat choice does; with `include: ["message.output_text.logprobs"]`
+the message's text also carries the logprobs of its own tokens, as OpenAI gives them. A stream
+sends Responses' events; `response.completed` holds all of that.
 
 A response is kept for `previous_response_id` (server/harness/responses.py) unless `store` is false.
 Under `/v1/sessions/{id}/` (or `/v1/sessions/{id}/v1/`) every exchange is also recorded for the
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
@@ -30,6 +31,7 @@ from server.api.limits import GuardedRoute
 from server.api.responses_schemas import ResponsesRequest
 from server.request_errors import APIError
 from server.sampling import completions
+from server.sampling.choices import content_logprobs
 from server.sampling.streaming import Completion
 from server.state import ServerState
 
@@ -64,7 +66,7 @@ async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
         c = await completions.start(state, chat, require_api_key(request), record)
     except APIError as e:
         raise _as_text_format(e)
-    r = _Response(body, "resp_" + uuid.uuid4().hex, int(time.time()), c)
+    r = _Response(body, "resp_" + uuid.uuid4().hex, int(time.time()), c, state.host.chat.text)
 
     def keep(choice: dict[str, Any]) -> None:
         if body.store:
@@ -88,13 +90,17 @@ def _as_text_format(e: APIError) -> APIError:
 class _Response:
     """One response's fixed fields, shared by its events and its final body."""
 
-    def __init__(self, req: ResponsesRequest, id_: str, created: int, c: Completion):
-        self.req, self.id, self.created, self.c = req, id_, created, c
+    def __init__(self, req: ResponsesRequest, id_: str, created: int, c: Completion,
+                 text_of: Callable[[list[int]], str]):
+        self.req, self.id, self.created, self.c, self.text_of = req, id_, created, c, text_of
         self.item_id = uuid.uuid4().hex[:24]
 
     def body(self, choice: dict[str, Any] | None, status: str | None = None) -> dict[str, Any]:
         req = self.req
-        out = translate.response_output(choice, self.item_id) if choice is not None else []
+        out = []
+        if choice is not None:
+            logprobs = content_logprobs(self.text_of, choice) if req.text_logprobs else None
+            out = translate.response_output(choice, self.item_id, logprobs)
         if status is None:
             status = "incomplete" if choice["finish_reason"] == "length" else "completed"
         tool_choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
@@ -176,8 +182,10 @@ async def _events(state: ServerState, r: _Response, request: Request, keep) -> A
             part = {"type": "output_text", "text": text, "annotations": []}
             item = final or {"type": "message", "id": ids[kind], "role": "assistant", "content": [part],
                              "status": "completed"}
+            if "logprobs" in item["content"][0]:
+                part["logprobs"] = item["content"][0]["logprobs"]
             done = ev("response.output_text.done", item_id=ids[kind], output_index=index, content_index=0, text=text,
-                      logprobs=[])
+                      logprobs=part.get("logprobs", []))
         return [done, ev("response.content_part.done", item_id=ids[kind], output_index=index, content_index=0, part=part),
                 ev("response.output_item.done", output_index=index, item=item)]
 
@@ -186,6 +194,8 @@ async def _events(state: ServerState, r: _Response, request: Request, keep) -> A
             yield ev("error", code=chunk["error"]["code"], message=chunk["error"]["message"], param=None)
             return
         delta = chunk["choices"][0]["delta"]
+        # the entries of the tokens this chunk decoded, given with its text
+        logprobs = (chunk["choices"][0].get("logprobs") or {}).get("content") or [] if r.req.text_logprobs else []
         for kind, key, event in (("reasoning", "reasoning_content", "response.reasoning_text.delta"),
                                  ("message", "content", "response.output_text.delta")):
             text = delta.get(key)
@@ -195,7 +205,7 @@ async def _events(state: ServerState, r: _Response, request: Request, keep) -> A
                 for e in open_item(kind):
                     yield e
             texts[kind] += text
-            extra = {"logprobs": []} if kind == "message" else {}
+            extra = {"logprobs": logprobs} if kind == "message" else {}
             yield ev(event, item_id=ids[kind], output_index=opened.index(kind), content_index=0, delta=text, **extra)
     choice = r.c.choices.get(0)
     if choice is None:  # the client went away

@@ -120,9 +120,11 @@ def _chat_request(**fields: Any) -> ChatCompletionRequest:
 
 # ---- the way back -------------------------------------------------------------------------------
 
-def response_output(choice: dict[str, Any], item_id: str) -> list[dict[str, Any]]:
+def response_output(choice: dict[str, Any], item_id: str,
+                    text_logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Output items of a chat choice: reasoning, the message (unless the turn is only calls), and
-    one function_call per call; ids derive from `item_id` so a stream can name them up front."""
+    one function_call per call; ids derive from `item_id` so a stream can name them up front. The
+    message's text carries `text_logprobs` when the request included them."""
     message = choice["message"]
     status = "incomplete" if choice["finish_reason"] == "length" else "completed"
     calls = message.get("tool_calls") or []
@@ -131,8 +133,11 @@ def response_output(choice: dict[str, Any], item_id: str) -> list[dict[str, Any]
         out.append({"type": "reasoning", "id": "rs_" + item_id, "summary": [], "status": status,
                     "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
     if message.get("content") or not calls:
+        text = {"type": "output_text", "text": message.get("content") or "", "annotations": []}
+        if text_logprobs is not None:
+            text["logprobs"] = text_logprobs
         out.append({"type": "message", "id": "msg_" + item_id, "role": "assistant", "status": status,
-                    "content": [{"type": "output_text", "text": message.get("content") or "", "annotations": []}]})
+                    "content": [text]})
     for k, call in enumerate(calls):
         out.append({"type": "function_call", "id": f"fc_{item_id}_{k}", "call_id": call["id"],
                     "name": call["function"]["name"], "arguments": call["function"]["arguments"],

@@ -6,7 +6,8 @@ sampled), and `malformed_tool_call` when the model wrote a call that could not b
 
 from __future__ import annotations
 
-from typing import Any
+import bisect
+from typing import Any, Callable
 
 from server.chat.format import ChatFormat, assistant_message
 from server.chat.sampled_turns import SampledTurn, fingerprint
@@ -105,3 +106,24 @@ def build_choice(host: ModelHost, seq: DecodeSequence, sampling: dict[str, Any],
     if malformed:
         choice["malformed_tool_call"] = True
     return choice
+
+
+def content_logprobs(text_of: Callable[[list[int]], str], choice: dict[str, Any]) -> list[dict[str, Any]]:
+    """The logprob entries of the tokens that wrote the message's text (OpenAI Responses'
+    `output_text.logprobs`), where the sample also holds reasoning, tool calls and markup: the
+    tokens from the first whose prefix, as `text_of` writes it, reaches into the text, to the first
+    whose prefix covers it. Where the parser rewrote the text so that it is not found, every token's."""
+    ids, entries, message = choice["token_ids"], choice["logprobs"]["content"], choice["message"]
+    content, reasoning = message.get("content") or "", message.get("reasoning_content") or ""
+    if not content:
+        return []
+    full = text_of(ids)
+    thought = full.find(reasoning) + len(reasoning) if reasoning and reasoning in full else 0
+    start = full.find(content, thought)  # the text comes after the reasoning, which may quote it
+    if start < 0:
+        return list(entries)
+    # A prefix's text only grows, so each end is a bisection: O(n log n) decoding, not O(n^2).
+    written = range(len(ids))
+    first = bisect.bisect_right(written, start, key=lambda k: len(text_of(ids[: k + 1])))
+    last = bisect.bisect_left(written, start + len(content), key=lambda k: len(text_of(ids[: k + 1])))
+    return list(entries[first: last + 1])
