@@ -179,13 +179,13 @@ async def _events(state: ServerState, r: _Response, request: Request, keep) -> A
             item = final or {"type": "reasoning", "id": ids[kind], "summary": [], "content": [part], "status": "completed"}
             done = ev("response.reasoning_text.done", item_id=ids[kind], output_index=index, content_index=0, text=text)
         else:
-            part = {"type": "output_text", "text": text, "annotations": []}
+            logprobs = final["content"][0].get("logprobs") if final else None
+            part = {"type": "output_text", "text": text, "annotations": [],
+                    **({"logprobs": logprobs} if logprobs is not None else {})}
             item = final or {"type": "message", "id": ids[kind], "role": "assistant", "content": [part],
                              "status": "completed"}
-            if "logprobs" in item["content"][0]:
-                part["logprobs"] = item["content"][0]["logprobs"]
             done = ev("response.output_text.done", item_id=ids[kind], output_index=index, content_index=0, text=text,
-                      logprobs=part.get("logprobs", []))
+                      logprobs=logprobs or [])
         return [done, ev("response.content_part.done", item_id=ids[kind], output_index=index, content_index=0, part=part),
                 ev("response.output_item.done", output_index=index, item=item)]
 
@@ -194,8 +194,8 @@ async def _events(state: ServerState, r: _Response, request: Request, keep) -> A
             yield ev("error", code=chunk["error"]["code"], message=chunk["error"]["message"], param=None)
             return
         delta = chunk["choices"][0]["delta"]
-        # the entries of the tokens this chunk decoded, given with its text
-        logprobs = (chunk["choices"][0].get("logprobs") or {}).get("content") or [] if r.req.text_logprobs else []
+        chunk_logprobs = chunk["choices"][0].get("logprobs") if r.req.text_logprobs else None
+        logprobs = (chunk_logprobs or {}).get("content") or []  # the tokens this chunk decoded, with its text
         for kind, key, event in (("reasoning", "reasoning_content", "response.reasoning_text.delta"),
                                  ("message", "content", "response.output_text.delta")):
             text = delta.get(key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
+from openai.types.responses import ResponseIncludable
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from protocol.choices import INT64
@@ -117,12 +118,10 @@ class TextConfig(BaseModel):
         return ResponseFormat(type=f.type)
 
 
-# OpenAI's `include` values. Only the text's logprobs add anything here; the others name what art-server
-# has none of (tool calls OpenAI runs, images, encrypted reasoning), and are accepted as Codex sends them.
+# `include` takes OpenAI's values, as the SDK defines them. Only the text's logprobs add anything here; the
+# others name what art-server has none of (tool calls OpenAI runs, images, encrypted reasoning), and are
+# accepted as Codex sends them.
 TEXT_LOGPROBS = "message.output_text.logprobs"
-Includable = Literal["code_interpreter_call.outputs", "computer_call_output.output.image_url",
-                     "file_search_call.results", "message.input_image.image_url", TEXT_LOGPROBS,
-                     "reasoning.encrypted_content", "web_search_call.action.sources", "web_search_call.results"]
 
 
 class ResponsesRequest(BaseModel):
@@ -143,7 +142,7 @@ class ResponsesRequest(BaseModel):
     store: bool = True
     stream: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    include: list[Includable] | None = Field(default=None, max_length=16)
+    include: list[ResponseIncludable] | None = Field(default=None, max_length=16)
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64)  # artisan's: reproducible samples
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension (e.g. enable_thinking)
     # OpenAI's state, which art-server does not keep: ignored, the model would not see what they hold.

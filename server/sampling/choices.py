@@ -122,8 +122,9 @@ def content_logprobs(text_of: Callable[[list[int]], str], choice: dict[str, Any]
     start = full.find(content, thought)  # the text comes after the reasoning, which may quote it
     if start < 0:
         return list(entries)
-    # A prefix's text only grows, so each end is a bisection: O(n log n) decoding, not O(n^2).
-    written = range(len(ids))
-    first = bisect.bisect_right(written, start, key=lambda k: len(text_of(ids[: k + 1])))
-    last = bisect.bisect_left(written, start + len(content), key=lambda k: len(text_of(ids[: k + 1])))
+    def written(k: int) -> int:  # characters tokens 0..k write; a prefix's text only grows, so both ends bisect
+        return len(text_of(ids[: k + 1]))
+
+    first = bisect.bisect_right(range(len(ids)), start, key=written)
+    last = bisect.bisect_left(range(len(ids)), start + len(content), key=written)
     return list(entries[first: last + 1])
