@@ -83,7 +83,7 @@ $(RAY_STAMP): $(STAMP)
 # The long OpenAPI fuzz: 5,000 generated requests, no 5xx, only documented codes (about 6 minutes
 # here; the main suite runs a shorter one).
 test-fuzz: install
-	ARTISAN_FUZZ_CASES=5000 $(PY) -m pytest -q -ra -s tests/server/test_openapi_fuzz.py -k long_fuzz
+	ARTISAN_FUZZ_CASES=5000 $(PY) -m pytest -q -ra -s tests/server/api/test_openapi_fuzz.py -k long_fuzz
 
 # 20 external SIGKILLs at random instants while a client trains, for each of three clients (RL jobs,
 # session jobs of recorded sessions, an asynchronous client.train run): every completed step kept,

@@ -1,7 +1,7 @@
 """What test modules share, beside the fixtures and the server they start (conftest.py): rollouts
-to train on, the server's JSON, `client.train` as a user runs it, a saved step's adapter, the
-logprobs a full forward gives, a bench script as a module, and an ASGI app (a stand-in endpoint,
-or art-server's own app) served in a thread of the test's process.
+to train on, a choice as the server samples one, the server's JSON, `client.train` as a user runs
+it, a saved step's adapter, the logprobs a full forward gives, a bench script as a module, and an
+ASGI app (a stand-in endpoint, or art-server's own app) served in a thread of the test's process.
 
 Imported as `tests.helpers` (tests/art_client cannot: ART's environments install a `tests` package of
 their own). Nothing here imports torch until a test reads weights.
@@ -22,6 +22,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import httpx
+
+from openai.types.chat.chat_completion import Choice
 
 from client import TrainableModel, TrajectoryGroup
 from client.local_server import ROOT, free_port
@@ -46,6 +48,21 @@ async def demo_groups(model: TrainableModel, n_groups: int, size: int, seed: int
                                            for i in range(size)))
             out.append(TrajectoryGroup(trajectories=list(trajs)))
     return out
+
+
+def sampled_choice(content: str | None = "x", token_ids: list[int] | None = None, *,
+                   tool_calls: list[dict] | None = None, token: str = "t", logprob: float = -0.5,
+                   policy: str = "p", step: int = 0, prompt_fingerprint: str = "f", prompt_len: int = 0) -> Choice:
+    """A choice as art-server answers one: its message, the ids it sampled with a logprob each, and
+    the sampling record (which policy and step, after which prompt) that training checks."""
+    return Choice.model_validate({
+        "index": 0, "finish_reason": "tool_calls" if tool_calls else "stop",
+        "message": {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})},
+        **({"token_ids": token_ids, "logprobs": {"content": [
+            {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []} for _ in token_ids]}}
+           if token_ids is not None else {}),
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "logprob_temperature": 1.0, "policy": policy, "step": step,
+                     "prompt_fingerprint": prompt_fingerprint, "prompt_len": prompt_len, "model_fingerprint": "m"}})
 
 
 def bench_module(name: str) -> ModuleType:

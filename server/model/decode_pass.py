@@ -8,7 +8,7 @@ machine, and 14-17 ms of an 8-row step's 109-189 (`make bench-decode`). This pas
 functions on the same tensors in the same order (each linear's own `forward`, the model's rotary
 embedding, mask builder, `apply_rotary_pos_emb`, cache update and attention function, peft's LoRA
 arithmetic as its mixed-batch forward does it), so its logits are bitwise the model's forward's
-(tests/server/test_decode_pass.py): every logprob and every seeded sample is what it was. What it
+(tests/server/model/test_decode_pass.py): every logprob and every seeded sample is what it was. What it
 leaves out is the dispatch. A model it does not know takes the model's forward (`applies`).
 """
 

@@ -19,7 +19,7 @@ def test_client_train_runs_logs_plots_and_resumes(fresh_server, tmp_path):
     srv = fresh_server()
     out = tmp_path / "out"
     # 4 groups of 4 on a sparse reward can draw several all-zero batches in a row: this test is
-    # about the loop's mechanics, not about when it gives up (tests/client/test_train_stops.py)
+    # about the loop's mechanics, not about when it gives up (tests/client/loop/test_train_stops.py)
     proc = train_demo(srv.url, out, 2, "--patience", "10")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "step   1 | reward" in proc.stdout and "logprob_gap" in proc.stdout

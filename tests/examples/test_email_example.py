@@ -11,7 +11,7 @@ import pytest
 from client.loop.summary import Summary, judge_figures
 from examples.email import EVAL_SIZE, make_example
 from examples.email.answers import exact_match
-from examples.email.mailbox import Mailbox, SearchError, generate, mailbox_path
+from examples.email.mailbox import SearchError, generate, mailbox_path
 from protocol.trajectory import Trajectory, TrajectoryGroup
 from rewards.ruler import JudgeError
 from rollouts.env import ToolError

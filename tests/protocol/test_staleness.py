@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 
 import pytest
-from openai.types.chat.chat_completion import Choice
 
 from client.loop.config import LoopConfig
 from client.pipeline import Journal, Pipeline, batch_key
@@ -15,29 +14,25 @@ from protocol.jobs import TrainResult
 from protocol.metrics import StepMetrics
 from protocol.staleness import expected_staleness, may_start_group, sampled_step, split_by_staleness, staleness
 from protocol.trajectory import Trajectory, TrajectoryGroup
+from tests.helpers import sampled_choice
 
 pytestmark = pytest.mark.unit
 
 
-def _choice(policy: str, step: int) -> Choice:
-    return Choice.model_validate({
-        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"},
-        "sampling": {"temperature": 1.0, "top_p": 1.0, "logprob_temperature": 1.0, "policy": policy, "step": step,
-                     "prompt_fingerprint": "f", "prompt_len": 1, "model_fingerprint": "m"}})
-
-
-def _group(*choices: Choice, reward: float = 0.0) -> TrajectoryGroup:
+def _group(*sampled_by: tuple[str, int], reward: float = 0.0) -> TrajectoryGroup:
+    """One trajectory for each (policy, step) that sampled its choice."""
     return TrajectoryGroup(trajectories=[
-        Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, c], reward=reward + i)
-        for i, c in enumerate(choices)])
+        Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, sampled_choice(policy=p, step=s)],
+                   reward=reward + i)
+        for i, (p, s) in enumerate(sampled_by)])
 
 
 def test_a_groups_sampler_is_its_oldest_choice_of_this_run():
-    assert sampled_step(_group(_choice("r@3", 3), _choice("r", 5)), "r") == 3
+    assert sampled_step(_group(("r@3", 3), ("r", 5)), "r") == 3
     # step 0 is the base model or the untrained adapter: the same policy, whatever it was called
-    assert sampled_step(_group(_choice("base-model", 0), _choice("r@2", 2)), "r") == 0
+    assert sampled_step(_group(("base-model", 0), ("r@2", 2)), "r") == 0
     # another run's steps say nothing about this one; a run whose name extends this one's is another run
-    assert sampled_step(_group(_choice("other@7", 7), _choice("r2@4", 4)), "r") is None
+    assert sampled_step(_group(("other@7", 7), ("r2@4", 4)), "r") is None
     assert sampled_step(TrajectoryGroup(trajectories=[Trajectory(messages_and_choices=[
         {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])]), "r") is None
 

@@ -8,32 +8,27 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import threading
 import time
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # no package config here; make `client` / `rewards` importable
-    sys.path.insert(0, str(ROOT))
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from openai.types.chat.chat_completion import Choice
 
-import uvicorn  # noqa: E402
-from fastapi import FastAPI, Request  # noqa: E402
-from fastapi.responses import JSONResponse  # noqa: E402
-from openai.types.chat.chat_completion import Choice  # noqa: E402
-
-from protocol.trajectory import Trajectory, TrajectoryGroup  # noqa: E402
-from rewards.ruler import (  # noqa: E402
+from protocol.trajectory import Trajectory, TrajectoryGroup
+from rewards.ruler import (
     JudgeConfig,
     JudgeError,
     build_judge_prompt,
     ruler_hook,
     score_group,
 )
+from tests.helpers import sampled_choice
 
 pytestmark = pytest.mark.unit
 
@@ -42,6 +37,8 @@ USER = "Where is my order A17? USER-TASK-TEXT-5521"
 TOKEN_IDS = [987654321, 123456789]
 LOGPROB = -0.4242421
 LOGPROB_TOKEN = "LOGPROB-TOKEN-TEXT-X9"
+SAMPLED = {"token": LOGPROB_TOKEN, "logprob": LOGPROB, "policy": "run", "step": 3, "prompt_fingerprint": "fp-abc",
+           "prompt_len": 42}
 
 # ------------------------------------------------------------------------------------------------
 # The scripted judge
@@ -141,22 +138,6 @@ async def score(group: TrajectoryGroup, judge_spec, **kw) -> TrajectoryGroup:
 # Trajectories
 
 
-def _choice(content: str | None = None, tool_call: tuple[str, str, dict] | None = None) -> Choice:
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool_call:
-        call_id, name, args = tool_call
-        message["tool_calls"] = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]
-    return Choice.model_validate({
-        "index": 0,
-        "finish_reason": "tool_calls" if tool_call else "stop",
-        "message": message,
-        "logprobs": {"content": [{"token": LOGPROB_TOKEN, "logprob": LOGPROB, "bytes": [65], "top_logprobs": []}]},
-        "token_ids": TOKEN_IDS,
-        "sampling": {"temperature": 1.0, "top_p": 1.0, "logprob_temperature": 1.0, "policy": "run", "step": 3,
-                     "prompt_fingerprint": "fp-abc", "prompt_len": 42, "model_fingerprint": "mf-xyz"},
-    })
-
-
 TOOLS = [{"type": "function", "function": {
     "name": "lookup_order", "description": "Look up an order by id.",
     "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}}}}]
@@ -167,9 +148,10 @@ def _traj(answer: str, reward: float = 0.0, call_id: str = "call_1", tool_output
         messages_and_choices=[
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": USER},
-            _choice(tool_call=(call_id, "lookup_order", {"order_id": "A17"})),
+            sampled_choice(None, TOKEN_IDS, **SAMPLED, tool_calls=[{"id": call_id, "type": "function", "function": {
+                "name": "lookup_order", "arguments": json.dumps({"order_id": "A17"})}}]),
             {"role": "tool", "tool_call_id": call_id, "content": tool_output},
-            _choice(content=answer),
+            sampled_choice(answer, TOKEN_IDS, **SAMPLED),
         ],
         tools=TOOLS,
         reward=reward,

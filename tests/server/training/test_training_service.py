@@ -10,7 +10,7 @@ import random
 import httpx
 import pytest
 
-from client import ServerError, TrainConfig, TrainableModel, Trajectory, TrajectoryGroup
+from client import ServerError, TrainConfig, TrainableModel, TrajectoryGroup
 from examples.demo import task as demo
 from tests.helpers import demo_groups, with_rewards
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Annotated, Any
 
 import anthropic

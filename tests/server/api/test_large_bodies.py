@@ -20,15 +20,15 @@ from server.api.piecewise import body_model, list_item_model, prevalidated
 pytestmark = pytest.mark.unit
 
 
-def _choice(text: str) -> dict:
+def _wire_choice(text: str) -> dict:
     return {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text},
             "logprobs": {"content": [{"token": "t", "logprob": -0.5, "bytes": [116], "top_logprobs": []}]}}
 
 
 def _job(groups: int = 3, size: int = 2) -> dict:
-    trajectory = {"messages_and_choices": [{"role": "user", "content": "hi"}, _choice("ok")], "reward": 1.0,
+    trajectory = {"messages_and_choices": [{"role": "user", "content": "hi"}, _wire_choice("ok")], "reward": 1.0,
                   "additional_histories": [{"messages_and_choices": [{"role": "user", "content": "sub"},
-                                                                     _choice("done")]}]}
+                                                                     _wire_choice("done")]}]}
     return {"groups": [{"trajectories": [dict(trajectory, reward=float(i)) for i in range(size)]}
                        for _ in range(groups)], "idempotency_key": "k"}
 

@@ -92,7 +92,7 @@ def test_without_max_tokens_it_samples_what_the_window_leaves(server):
     assert len(ids) == 2 and finish == "length"
 
 
-def _choice(data: dict) -> Choice:
+def _from_generate(data: dict) -> Choice:
     """A trajectory's Choice from a generate answer, as a client that decodes the ids itself builds it."""
     c = data["choices"][0]
     return Choice.model_validate({
@@ -110,7 +110,7 @@ async def test_its_choices_train_and_a_prompt_rendered_otherwise_is_counted_not_
         resp = generate(server.url, {"model": model.name, "token_ids": ids,
                                      "sampling_params": {"max_tokens": 8, "seed": seed}})
         assert resp.status_code == 200, resp.text
-        trajectories.append(Trajectory(messages_and_choices=[*MESSAGES, _choice(resp.json())], reward=reward))
+        trajectories.append(Trajectory(messages_and_choices=[*MESSAGES, _from_generate(resp.json())], reward=reward))
     result = await model.train([TrajectoryGroup(trajectories=trajectories)], TrainConfig(learning_rate=1e-4))
     m = result.metrics
     assert result.trained, result.warnings

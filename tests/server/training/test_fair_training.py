@@ -22,7 +22,7 @@ def _register(url: str, name: str, **lora) -> httpx.Response:
     return _post(url, "/v1/runs", {"name": name, **({"lora": lora} if lora else {})})
 
 
-def _choice(url: str, model: str) -> dict:
+def _sampled(url: str, model: str) -> dict:
     """One choice sampled by the server, as it travels back (token ids, logprobs, sampling record)."""
     r = _post(url, "/v1/chat/completions", {"model": model, "messages": [FIRST], "max_tokens": 6,
                                             "temperature": 1.0, "seed": 3})
@@ -85,11 +85,11 @@ def test_a_2000_turn_job_is_cancelled_within_2s_and_another_runs_job_starts_with
     url = plain.url
     for name in ("long", "short"):
         assert _register(url, name).status_code == 200
-    choice = _choice(url, "long")
+    choice = _sampled(url, "long")
     long_job = _submit(url, "long", _rl(_history(choice, 2000), "k-long"))
     _wait(url, long_job, ("running",), 60)
     time.sleep(1.0)  # well into assembling its 2 x 2,000 turns
-    short_job = _submit(url, "short", _rl(_history(_choice(url, "short"), 1), "k-short"))
+    short_job = _submit(url, "short", _rl(_history(_sampled(url, "short"), 1), "k-short"))
     submitted = time.monotonic()
     r = httpx.delete(f"{url}/v1/jobs/{long_job}", timeout=30)
     assert r.status_code == 200, r.text
@@ -107,7 +107,7 @@ def test_one_runs_queue_of_jobs_does_not_hold_another_runs_job(plain):
     url = plain.url
     for name in ("busy", "patient"):
         assert _register(url, name).status_code == 200
-    items = _history(_choice(url, "busy"), 1)
+    items = _history(_sampled(url, "busy"), 1)
     busy = [_submit(url, "busy", _rl(items, f"k-busy-{i}", epochs=50, num_minibatches=2)) for i in range(4)]
     patient = _submit(url, "patient", _rl(items, "k-patient", epochs=1))
     _wait(url, patient, ENDED, 300)
@@ -132,7 +132,7 @@ def test_a_job_past_the_step_bound_is_refused_naming_the_flag(bounded, body):
     url = bounded.url
     assert _register(url, "big").status_code == 200
     if body == "rl-4x100x1024":
-        body = _rl(_history(_choice(url, "big"), 1), "k-big", epochs=100, num_minibatches=1024)
+        body = _rl(_history(_sampled(url, "big"), 1), "k-big", epochs=100, num_minibatches=1024)
         body["groups"][0]["trajectories"] *= 2  # 4 trajectories: 4 minibatches of one, 100 times
     r = _post(url, "/v1/runs/big/jobs", body)
     assert r.status_code == 400, r.text
@@ -140,7 +140,7 @@ def test_a_job_past_the_step_bound_is_refused_naming_the_flag(bounded, body):
     assert error["code"] == "job_too_large" and error["param"] == "config"
     assert "300" in error["message"] or "400" in error["message"]
     assert "allows 200 per job" in error["message"] and "--max-job-optimizer-steps" in error["message"]
-    ok = _submit(url, "big", _rl(_history(_choice(url, "big"), 1), f"k-fits-{body['kind']}", epochs=50))
+    ok = _submit(url, "big", _rl(_history(_sampled(url, "big"), 1), f"k-fits-{body['kind']}", epochs=50))
     _wait(url, ok, ENDED, 120)
     assert _status(url, ok) == "succeeded"  # the server kept serving, and a job within the bound trains
 
@@ -150,7 +150,7 @@ def test_a_job_whose_assembly_passes_the_step_bound_fails_naming_the_flag(bounde
     histories, so assembly makes 8 sequences and 50 epochs of 8 minibatches pass the bound."""
     url = bounded.url
     assert _register(url, "split").status_code == 200
-    items = _history(_choice(url, "split"), 1)
+    items = _history(_sampled(url, "split"), 1)
     body = _rl(items, "k-split", epochs=50, num_minibatches=8)
     for t in body["groups"][0]["trajectories"]:
         t["additional_histories"] = [{"messages_and_choices": items}] * 3
@@ -166,11 +166,11 @@ async def test_a_run_is_deleted_with_everything_it_had_and_made_again(bounded, t
     url = bounded.url
 
     model = await TrainableModel("doomed").register(url)
-    items = _history(_choice(url, "doomed"), 1)
+    items = _history(_sampled(url, "doomed"), 1)
     first = _submit(url, "doomed", _rl(items, "k-doomed"))
     _wait(url, first, ENDED, 120)
     assert await model.get_step() == 1
-    running = _submit(url, "doomed", _rl(_history(_choice(url, "doomed"), 2000), "k-doomed-long"))
+    running = _submit(url, "doomed", _rl(_history(_sampled(url, "doomed"), 2000), "k-doomed-long"))
     _wait(url, running, ("running",), 60)
     deleted = await model.delete()  # cancels the running job first
     assert deleted == {"deleted": "doomed", "step": 1}

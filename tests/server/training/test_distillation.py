@@ -1,6 +1,6 @@
 """On-policy distillation: the teacher route (`POST /v1/logprobs`) and the `distill` option of an
 RL job. The math is unit-tested apart; the rest runs against the real server on the embedded model
-(the route on real weights: tests/server/test_real_models.py)."""
+(the route on real weights: tests/server/model/test_real_models.py)."""
 
 from __future__ import annotations
 

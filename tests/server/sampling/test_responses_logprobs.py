@@ -24,7 +24,7 @@ def _text_of(ids):
     return "".join(PIECES[i] for i in ids if i != 8)  # the stop token writes nothing, as ChatFormat.text drops it
 
 
-def _choice(ids, content, reasoning=None):
+def _answer(ids, content, reasoning=None):
     entries = [{"token": PIECES[i], "logprob": -i / 10, "bytes": list(PIECES[i].encode()), "top_logprobs": []}
                for i in ids]
     return {"token_ids": ids, "logprobs": {"content": entries},
@@ -33,19 +33,19 @@ def _choice(ids, content, reasoning=None):
 
 @pytest.mark.unit
 def test_only_the_tokens_that_wrote_the_text_count_not_reasoning_that_quotes_it_nor_a_call_after_it():
-    choice = _choice([1, 2, 3, 4, 5, 6, 7, 8], "Hello", reasoning="hm, Hello")
+    choice = _answer([1, 2, 3, 4, 5, 6, 7, 8], "Hello", reasoning="hm, Hello")
     assert [e["token"] for e in content_logprobs(_text_of, choice)] == ["\n\nHel", "lo"]
 
 
 @pytest.mark.unit
 def test_a_sample_that_is_all_text_gives_every_token_but_the_stop_and_an_empty_text_none():
-    assert [e["token"] for e in content_logprobs(_text_of, _choice([4, 5, 8], "Hello"))] == ["\n\nHel", "lo"]
-    assert content_logprobs(_text_of, _choice([6, 7, 8], None)) == []
+    assert [e["token"] for e in content_logprobs(_text_of, _answer([4, 5, 8], "Hello"))] == ["\n\nHel", "lo"]
+    assert content_logprobs(_text_of, _answer([6, 7, 8], None)) == []
 
 
 @pytest.mark.unit
 def test_a_text_the_parser_rewrote_gives_every_token():
-    assert len(content_logprobs(_text_of, _choice([4, 5, 8], "Goodbye"))) == 3
+    assert len(content_logprobs(_text_of, _answer([4, 5, 8], "Goodbye"))) == 3
 
 
 # ---- through the SDK ----------------------------------------------------------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from openai.types.chat.chat_completion import Choice
 from transformers import AutoTokenizer
 
 from conftest import ROOT
@@ -16,6 +15,7 @@ from protocol.trajectory import History
 from server.chat.format import ChatFormat
 from server.chat.sampled_turns import PrefixFingerprints, fingerprint
 from server.training.assemble import Cancelled, assemble_history
+from tests.helpers import sampled_choice
 
 pytestmark = pytest.mark.unit
 
@@ -26,15 +26,6 @@ MODEL_DIR = ROOT / "server" / "embedded" / "model"
 def chat() -> ChatFormat:
     tok = AutoTokenizer.from_pretrained(MODEL_DIR)
     return ChatFormat.build(tok, eos_ids=[tok.eos_token_id])
-
-
-def _choice(text: str, ids: list[int], prompt_fingerprint: str) -> Choice:
-    return Choice.model_validate({
-        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text},
-        "logprobs": {"content": [{"token": "t", "logprob": -0.5, "bytes": None, "top_logprobs": []} for _ in ids]},
-        "token_ids": ids, "sampling": {"temperature": 1.0, "top_p": 1.0, "logprob_temperature": 1.0, "policy": "p",
-                                       "step": 0, "prompt_fingerprint": prompt_fingerprint, "prompt_len": 0,
-                                       "model_fingerprint": "m"}})
 
 
 def _conversation(chat: ChatFormat, turns: int, seed: int = 0) -> tuple[list, list[list[int]]]:
@@ -57,7 +48,7 @@ def _history(chat: ChatFormat, messages: list, replies: list[list[int]], fingerp
         if m["role"] != "assistant":
             items.append(m)
             continue
-        items.append(_choice(m["content"], replies[k], fingerprints[k]))
+        items.append(sampled_choice(m["content"], replies[k], prompt_fingerprint=fingerprints[k]))
         k += 1
     return History(messages_and_choices=items)
 

@@ -104,7 +104,7 @@ def test_no_generated_request_gets_a_server_error(fuzzed_server, mode):
 
 @pytest.mark.skipif(not os.environ.get("ARTISAN_FUZZ_CASES"), reason="the long fuzz: ARTISAN_FUZZ_CASES=5000")
 def test_a_long_fuzz_gets_no_server_error_and_only_documented_codes(fuzzed_server):
-    """`ARTISAN_FUZZ_CASES=5000 pytest tests/server/test_openapi_fuzz.py -k long_fuzz -s`: at least that many
+    """`ARTISAN_FUZZ_CASES=5000 pytest tests/server/api/test_openapi_fuzz.py -k long_fuzz -s`: at least that many
     generated cases, half valid and half breaking the schema; prints one JSON line of what it did."""
     wanted = int(os.environ["ARTISAN_FUZZ_CASES"])
     routes = len(_operations(fuzzed_server.url))
