@@ -114,8 +114,8 @@ class Settings(BaseModel):
                                     "2048.")
     max_request_bytes: int = Field(default=64 * 1024 * 1024, description="Larger request bodies get 413.")
     # Sessions recorded by the server (server/harness/sessions.py) and responses kept for previous_response_id.
-    session_ttl: float = Field(default=3600.0, description="Seconds a recorded session (and a response kept for "
-                               "previous_response_id) lives unused.")
+    session_ttl: float = Field(default=3600.0, description="Seconds a recorded session lives unused, and a kept "
+                               "response (for previous_response_id and retrieval) lives.")
     max_sessions: int = Field(default=10_000, description="Recorded sessions live at once; a new one past it gets a "
                               "429.")
     session_max_exchanges: int = Field(default=1_000, description="Exchanges one recorded session may hold.")

@@ -8,7 +8,8 @@ OpenAI's fields the response carries what training needs: `prompt_token_ids`, `t
 the message's text also carries the logprobs of its own tokens, as OpenAI gives them. A stream
 sends Responses' events; `response.completed` holds all of that.
 
-A response is kept for `previous_response_id` (server/harness/responses.py) unless `store` is false.
+A response is kept (server/harness/responses.py) unless `store` is false: for `previous_response_id`,
+and for `GET` and `DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`, as OpenAI's.
 Under `/v1/sessions/{id}/` (or `/v1/sessions/{id}/v1/`) every exchange is also recorded for the
 session (server/harness/sessions.py).
 """
@@ -18,10 +19,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from typing import Annotated, Any, AsyncIterator, Callable, Literal
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response, StreamingResponse
 
 from server.api import translate
 from server.api.auth import caller, require_api_key
@@ -29,6 +30,7 @@ from server.api.deps import SessionId, State, open_session
 from server.api.errors import documented
 from server.api.limits import GuardedRoute
 from server.api.responses_schemas import ResponsesRequest
+from server.harness.responses import StoredResponse
 from server.request_errors import APIError
 from server.sampling import completions
 from server.sampling.choices import content_logprobs
@@ -68,15 +70,67 @@ async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
         raise _as_text_format(e)
     r = _Response(body, "resp_" + uuid.uuid4().hex, int(time.time()), c, state.host.chat.text)
 
-    def keep(choice: dict[str, Any]) -> None:
+    def keep(choice: dict[str, Any], answered: dict[str, Any]) -> None:
         if body.store:
-            state.responses.put(r.id, owner, body.model, [*history, choice["message"]])
+            state.responses.put(r.id, owner, body.model, [*history, choice["message"]], answered,
+                                translate.input_items(body))
 
     if body.stream:
         return StreamingResponse(_events(state, r, request, keep), media_type="text/event-stream")
     [choice] = await completions.finish(state, c, request.is_disconnected)
-    keep(choice)
-    return r.body(choice)
+    answered = r.body(choice)
+    keep(choice, answered)
+    return answered
+
+
+@router.get("/v1/responses/{response_id}", responses=documented(404))
+@router.get("/v1/sessions/{session_id}/responses/{response_id}", include_in_schema=False)
+@router.get("/v1/sessions/{session_id}/v1/responses/{response_id}", include_in_schema=False)
+async def retrieve_response(response_id: str, request: Request, state: State):
+    """A kept response, as it was answered."""
+    return Response(_kept(state, response_id, request).body, media_type="application/json")
+
+
+@router.delete("/v1/responses/{response_id}", responses=documented(404))
+@router.delete("/v1/sessions/{session_id}/responses/{response_id}", include_in_schema=False)
+@router.delete("/v1/sessions/{session_id}/v1/responses/{response_id}", include_in_schema=False)
+async def delete_response(response_id: str, request: Request, state: State):
+    """Forget a kept response: it can no longer be retrieved or continued."""
+    if not state.responses.delete(response_id, caller(request)):
+        raise _not_kept(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+@router.get("/v1/responses/{response_id}/input_items", responses=documented(400, 404))
+@router.get("/v1/sessions/{session_id}/responses/{response_id}/input_items", include_in_schema=False)
+@router.get("/v1/sessions/{session_id}/v1/responses/{response_id}/input_items", include_in_schema=False)
+async def list_input_items(response_id: str, request: Request, state: State,
+                           limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                           order: Literal["asc", "desc"] = "desc", after: str | None = None):
+    """The request's own input items (not those of the responses it continued), a page at a time."""
+    items = list(_kept(state, response_id, request).input_items)
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise APIError(400, f"after: no input item {after!r} in response {response_id!r}", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+
+
+def _kept(state: ServerState, response_id: str, request: Request) -> StoredResponse:
+    stored = state.responses.get(response_id, caller(request))
+    if stored is None:
+        raise _not_kept(response_id)
+    return stored
+
+
+def _not_kept(response_id: str) -> APIError:
+    return APIError(404, f"response {response_id!r} is not kept here (unknown, expired, created with store: "
+                         f"false, deleted, or another API key's)", param="response_id", code="response_not_found")
 
 
 def _as_text_format(e: APIError) -> APIError:
@@ -210,8 +264,8 @@ async def _events(state: ServerState, r: _Response, request: Request, keep) -> A
     choice = r.c.choices.get(0)
     if choice is None:  # the client went away
         return
-    keep(choice)
     body = r.body(choice)
+    keep(choice, body)
     finals = {item["type"]: item for item in body["output"] if item["type"] in ("reasoning", "message")}
     if "message" in finals and "message" not in opened:  # an empty answer: its item still exists
         for e in open_item("message"):

@@ -162,8 +162,9 @@ def _unavailable(e: SessionError, where: dict[str, str]) -> APIError:
                     code="session_unavailable")
 
 
-_SESSION_ROUTES = ("POST chat/completions, POST responses, POST messages, POST messages/count_tokens and GET "
-                   "models under /v1/sessions/{id}/ (or /v1/sessions/{id}/v1/, for a base URL that ends in /v1)")
+_SESSION_ROUTES = ("POST chat/completions, POST responses, GET and DELETE responses/{id}, GET "
+                   "responses/{id}/input_items, POST messages, POST messages/count_tokens and GET models under "
+                   "/v1/sessions/{id}/ (or /v1/sessions/{id}/v1/, for a base URL that ends in /v1)")
 
 
 # Registered after the chat, Responses and Messages routers (server/app.py), so it only sees what they did not take.

@@ -1,5 +1,5 @@
-"""The Responses and Messages faces' requests as chat requests, and a sampled chat choice back as
-output items and content blocks.
+"""The Responses and Messages faces' requests as chat requests, a sampled chat choice back as
+output items and content blocks, and a Responses request's input as the items kept with it.
 
 The rules that turn items and blocks into chat messages, tools and `tool_choice` are
 protocol/translation.py's, shared with the client that rebuilds captured exchanges; what is the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from typing import Any, Sequence
 
 from pydantic import ValidationError
@@ -142,6 +143,25 @@ def response_output(choice: dict[str, Any], item_id: str,
         out.append({"type": "function_call", "id": f"fc_{item_id}_{k}", "call_id": call["id"],
                     "name": call["function"]["name"], "arguments": call["function"]["arguments"],
                     "status": "completed"})
+    return out
+
+
+ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's own input as the Responses items `GET /v1/responses/{id}/input_items` lists:
+    a string is one user message, a message's text is in parts, and each item gets an id."""
+    items = ([{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str)
+             else [item.model_dump(exclude_none=True) for item in body.input])
+    out = []
+    for item in items:
+        if item["type"] == "message":
+            kind = "output_text" if item["role"] == "assistant" else "input_text"
+            parts = ([{"type": kind, "text": item["content"]}] if isinstance(item["content"], str)
+                     else [{**part, "type": kind} for part in item["content"]])
+            item["content"] = [{**part, "annotations": []} if kind == "output_text" else part for part in parts]
+        out.append({"id": f"{ITEM_ID_PREFIX[item['type']]}_{uuid.uuid4().hex[:24]}", **item, "status": "completed"})
     return out
 
 

@@ -1,12 +1,16 @@
 """The Responses and Messages routes and recorded sessions over HTTP, on the embedded model: bad
 items and blocks get a 400 naming the field, previous_response_id continues a conversation with
-the sampled ids spliced, sessions belong to the key that opened them, are bounded and expire, and
-the new routes take whatever their OpenAPI schema generates without a 5xx.
+the sampled ids spliced, a kept response is retrieved, listed and deleted as OpenAI's are,
+sessions belong to the key that opened them, are bounded and expire, and the new routes take
+whatever their OpenAPI schema generates without a 5xx.
 """
 
 from __future__ import annotations
 
+import json
+
 import httpx
+import openai
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +18,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from client import TrainConfig, TrainableModel
+from server.harness.responses import ResponseStore
 from server.harness.sessions import SessionError, Sessions
 from server.settings import Settings
 
@@ -125,6 +130,49 @@ def test_previous_response_id_continues_with_the_sampled_ids(srv, http, model_na
     assert _error(other)["param"] == "previous_response_id"  # another key's response is not there for it
 
 
+def test_a_kept_response_is_retrieved_listed_and_deleted_as_openai_does(srv, model_name):
+    sdk = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEYS[0], max_retries=0)
+    first = sdk.responses.create(model=model_name, input="What does a hat cost?", max_output_tokens=4)
+    second = sdk.responses.create(model=model_name, previous_response_id=first.id, max_output_tokens=4, input=[
+        {"role": "user", "content": "And a cap?"}, {"type": "function_call", "call_id": "c1", "name": "lookup",
+                                                    "arguments": '{"item": "cap"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "7"}], tools=[TOOL])
+    assert sdk.responses.retrieve(second.id).model_dump() == second.model_dump()  # as it was answered
+
+    listed = sdk.responses.input_items.list(second.id)  # newest first, by default
+    assert [i.type for i in listed.data] == ["function_call_output", "function_call", "message"]
+    assert len({i.id for i in listed.data}) == 3  # not the items of the response it continued
+    pages = [page.data for page in sdk.responses.input_items.list(second.id, order="asc", limit=1).iter_pages()]
+    assert [[i.type for i in p] for p in pages] == [["message"], ["function_call"], ["function_call_output"]]
+    assert pages[0][0].content[0].text == "And a cap?" and pages[1][0].arguments == '{"item": "cap"}'
+    [only] = sdk.responses.input_items.list(first.id).data
+    assert (only.role, only.content[0].type, only.content[0].text) == ("user", "input_text", "What does a hat cost?")
+
+    stream = list(sdk.responses.create(model=model_name, input="hi", max_output_tokens=4, stream=True))
+    assert sdk.responses.retrieve(stream[-1].response.id).model_dump() == stream[-1].response.model_dump()
+    unkept = sdk.responses.create(model=model_name, input="hi", max_output_tokens=2, store=False)
+    other = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEYS[1], max_retries=0)
+    for missing, client in ((unkept.id, sdk), (second.id, other), ("resp_nothing", sdk)):
+        with pytest.raises(openai.NotFoundError) as gone:
+            client.responses.retrieve(missing)
+        assert gone.value.body["param"] == "response_id" and "\n" not in gone.value.body["message"]
+        with pytest.raises(openai.NotFoundError):
+            client.responses.input_items.list(missing)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.delete(second.id)  # another key's response is not there for it to delete
+
+    sdk.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError) as cut:
+        sdk.responses.create(model=model_name, previous_response_id=first.id, input="more", max_output_tokens=2)
+    assert cut.value.body["param"] == "previous_response_id"
+    assert sdk.responses.retrieve(second.id).id == second.id  # deleting one keeps the others
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.responses.input_items.list(second.id, after="msg_nothing")
+    assert bad.value.body["param"] == "after"
+
+
 async def test_a_session_belongs_to_its_key_and_trains_from_what_was_recorded(srv, http, model_name):
     body = {"model": model_name, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
     for seed, sid in enumerate(("owned-a", "owned-b")):
@@ -157,6 +205,7 @@ def _recorded(sessions: Sessions, sid: str, owner: str, choice: dict) -> None:
     recording.end()
 
 
+@pytest.mark.unit
 def test_sessions_are_bounded_and_expire():
     now = [0.0]
     defaults = Settings()
@@ -182,6 +231,23 @@ def test_sessions_are_bounded_and_expire():
         sessions.get("a", "k")
     assert gone.value.status == 404
     _recorded(sessions, "c", "k", choice)  # the expired ones made room
+
+
+@pytest.mark.unit
+def test_kept_responses_are_bounded_in_bytes_and_time_and_owned():
+    now = [0.0]
+    store = ResponseStore(ttl=10, max_bytes=3_000, clock=lambda: now[0])
+    for i in range(3):
+        store.put(f"r{i}", "k", "m", [{"role": "user", "content": "x" * 1_200}], {"id": f"r{i}"}, [])
+    # three are over 3,000 bytes: the oldest goes
+    assert [store.get(f"r{i}", "k") is not None for i in range(3)] == [False, True, True]
+    assert store.get("r2", "someone else") is None and not store.delete("r2", "someone else")
+    assert json.loads(store.get("r2", "k").body) == {"id": "r2"}
+    assert store.delete("r2", "k") and store.get("r2", "k") is None and not store.delete("r2", "k")
+    store.put("big", "k", "m", [{"role": "user", "content": "x" * 5_000}], {}, [])  # alone over the bound: kept
+    assert store.get("big", "k") is not None and store.get("r1", "k") is None
+    now[0] = 11.0
+    assert store.get("big", "k") is None  # expired
 
 
 NEW_ROUTES = ("/v1/responses", "/v1/messages", "/v1/sessions/")
