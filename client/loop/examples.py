@@ -31,7 +31,7 @@ def example_names() -> list[str]:
     return sorted(names)
 
 
-def load_example(name: str, **kwargs: Any) -> Example:
+def load_example(name: str, /, **kwargs: Any) -> Example:
     """An example by short name (`demo`, `retail`) or by module path (`my_pkg.my_task`); the
     module must define `make_example(**kwargs) -> Example`."""
     module_name = name if "." in name else f"examples.{name}"
@@ -60,12 +60,18 @@ def load_example(name: str, **kwargs: Any) -> Example:
             raise ConfigError(f"--{key.replace('_', '-')}: no such option"
                               + (f"; --example {name} takes {', '.join(offered)}" if offered else
                                  f" (--example {name} takes none of its own)"))
+    options = typed_options(module.make_example, kwargs)
     try:
-        return module.make_example(**typed_options(module.make_example, kwargs))
+        return module.make_example(**options)
     except TypeError as exc:  # make_example(**kwargs) passing them on to a constructor that refuses one
-        if kwargs and "unexpected keyword argument" in str(exc):
-            raise ConfigError(f"--example {name}: {exc}") from None
+        refused = re.search(r"(unexpected|multiple values for) keyword argument '(\w+)'", str(exc))
+        if kwargs and refused and refused.group(2) in kwargs:
+            option = f"--{refused.group(2).replace('_', '-')}"
+            raise ConfigError(f"{option}: no such option of --example {name}" if refused.group(1) == "unexpected"
+                              else f"{option}: --example {name} sets it itself") from None
         raise
+    except ValueError as exc:  # the example's own check of an option's value
+        raise ConfigError(f"--example {name}: {exc}") from None
 
 
 def typed_options(make_example: Any, options: dict[str, Any]) -> dict[str, Any]:

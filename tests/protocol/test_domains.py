@@ -51,8 +51,13 @@ def test_the_example_takes_options_the_command_does_not_know():
         {"domain": ["retail", "airline"], "user_model": "gpt-4.1", "fast": True}
     with pytest.raises(ConfigError, match="unexpected argument 'stray'"):
         example_options(["stray"])
-    with pytest.raises(ConfigError, match="--example demo: .*unexpected keyword argument 'domain'"):
+    with pytest.raises(ConfigError, match="^--domain: no such option of --example demo$"):
         load_example("demo", domain="retail")
+    with pytest.raises(ConfigError, match="^--name: --example reasoning_gym sets it itself$"):
+        load_example("reasoning_gym", name="mine")  # not load_example's own `name`
+    with pytest.raises(ConfigError, match="^--example reasoning_gym: reasoning-gym has no task 'chain_summ'; "
+                                          "did you mean chain_sum"):
+        load_example("reasoning_gym", task="chain_summ")
     # strings from the command line become what the example declares, through make_example's
     # parameters or the fields of the dataclass it returns
     email = load_example("email", **example_options(["--judge-weight", "0.25", "--size", "500"]))
