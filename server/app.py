@@ -77,7 +77,7 @@ def build_state(settings: Settings) -> ServerState:
                       optimize_step=make_optimizer(settings, host))
     sessions = Sessions.from_settings(settings, host.chat.template, store.sessions)  # the unexpired ones, restored
     return ServerState(settings, host, engine, served, runs, store, jobs, sessions,
-                       ResponseStore(ttl=settings.session_ttl), export_queue=queue)
+                       ResponseStore(ttl=settings.session_ttl, store=store.responses), export_queue=queue)
 
 
 def bounded(problems: list[str], count: int = 20, length: int = 300) -> list[str]:

@@ -16,10 +16,11 @@ session (server/harness/sessions.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from typing import Annotated, Any, AsyncIterator, Callable, Literal
+from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -70,16 +71,17 @@ async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
         raise _as_text_format(e)
     r = _Response(body, "resp_" + uuid.uuid4().hex, int(time.time()), c, state.host.chat.text)
 
-    def keep(choice: dict[str, Any], answered: dict[str, Any]) -> None:
+    async def keep(choice: dict[str, Any], answered: dict[str, Any]) -> None:
+        """Kept before the client has the whole answer, so that it can be continued or retrieved at once."""
         if body.store:
-            state.responses.put(r.id, owner, body.model, [*history, choice["message"]], answered,
-                                translate.input_items(body))
+            await asyncio.to_thread(state.responses.put, r.id, owner, body.model, [*history, choice["message"]],
+                                    answered, translate.input_items(body))
 
     if body.stream:
         return StreamingResponse(_events(state, r, request, keep), media_type="text/event-stream")
     [choice] = await completions.finish(state, c, request.is_disconnected)
     answered = r.body(choice)
-    keep(choice, answered)
+    await keep(choice, answered)
     return answered
 
 
@@ -96,7 +98,7 @@ async def retrieve_response(response_id: str, request: Request, state: State):
 @router.delete("/v1/sessions/{session_id}/v1/responses/{response_id}", include_in_schema=False)
 async def delete_response(response_id: str, request: Request, state: State):
     """Forget a kept response: it can no longer be retrieved or continued."""
-    if not state.responses.delete(response_id, caller(request)):
+    if not await asyncio.to_thread(state.responses.delete, response_id, caller(request)):
         raise _not_kept(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
@@ -194,7 +196,8 @@ class _EventWriter:
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def _events(state: ServerState, r: _Response, request: Request, keep) -> AsyncIterator[str]:
+async def _events(state: ServerState, r: _Response, request: Request,
+                  keep: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]) -> AsyncIterator[str]:
     """Responses' stream: reasoning and text as they decode, each item opened when its first
     text arrives and closed in order; function calls whole at the end (a call is only known once
     it parses); `response.completed` last, with the body a request that does not stream gets."""
@@ -265,7 +268,7 @@ async def _events(state: ServerState, r: _Response, request: Request, keep) -> A
     if choice is None:  # the client went away
         return
     body = r.body(choice)
-    keep(choice, body)
+    await keep(choice, body)
     finals = {item["type"]: item for item in body["output"] if item["type"] in ("reasoning", "message")}
     if "message" in finals and "message" not in opened:  # an empty answer: its item still exists
         for e in open_item("message"):

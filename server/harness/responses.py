@@ -8,16 +8,27 @@ logprobs, so a count alone would let long agent transcripts hold gigabytes), and
 key that created it: another caller is told it does not exist, as a missing one is. A continued
 conversation renders its earlier turns through the turn cache like any other, so they are spliced
 as their exact ids.
+
+With a store (server/store/responses.py) they outlive a restart until they expire, as recorded
+sessions do: `put` and `delete` write before they return (blocking: call them off the event loop),
+each change of memory and its write under one lock, so the store sees them in memory's order; what
+expired while only read is dropped from the store by the next write. At start the unexpired ones are
+read back; a damaged row is dropped, with a log line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from server.store.responses import StoredResponses
+
+log = logging.getLogger("artisan")
 
 
 @dataclass(frozen=True)
@@ -33,23 +44,27 @@ class StoredResponse:
 
 class ResponseStore:
     def __init__(self, ttl: float, capacity: int = 10_000, max_bytes: int = 256 * 2**20,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, store: StoredResponses | None = None):
         self.ttl, self.capacity, self.max_bytes, self.clock = ttl, capacity, max_bytes, clock
         self._items: OrderedDict[str, StoredResponse] = OrderedDict()
         self._bytes = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # memory
+        self._writing = threading.Lock()  # a change of memory and its write, in order
+        self._store = store
+        self._unstored: list[str] = []  # dropped from memory, not yet from the store
+        if store is not None:
+            self._restore()
 
     def put(self, response_id: str, owner: str, model: str, messages: list[dict[str, Any]],
             body: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
-        encoded = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        size = len(encoded) + len(json.dumps([messages, input_items], ensure_ascii=False))
-        kept = StoredResponse(owner, model, tuple(messages), encoded, tuple(input_items), self.clock(), size)
-        with self._lock:
-            self._drop(response_id)
-            self._items[response_id] = kept
-            self._bytes += size
-            while len(self._items) > self.capacity or (self._bytes > self.max_bytes and len(self._items) > 1):
-                self._drop(next(iter(self._items)))
+        kept = _kept(owner, model, messages, json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
+                     input_items, self.clock())
+        with self._writing:
+            with self._lock:
+                self._drop(response_id)
+                self._hold(response_id, kept)
+                dropped, self._unstored = self._unstored, []
+            self._write(response_id, kept, dropped)
 
     def get(self, response_id: str, owner: str) -> StoredResponse | None:
         with self._lock:
@@ -61,13 +76,72 @@ class ResponseStore:
 
     def delete(self, response_id: str, owner: str) -> bool:
         """Whether `owner`'s response was kept (and now is not)."""
-        if self.get(response_id, owner) is None:
-            return False
-        with self._lock:
-            return self._drop(response_id)
+        with self._writing:
+            if self.get(response_id, owner) is None:
+                return False
+            with self._lock:
+                self._drop(response_id)
+                dropped, self._unstored = self._unstored, []
+            self._write(None, None, dropped)
+            return True
 
-    def _drop(self, response_id: str) -> bool:
+    # ---- memory (under _lock) ---------------------------------------------------------------------
+    def _hold(self, response_id: str, kept: StoredResponse) -> None:
+        self._items[response_id] = kept
+        self._bytes += kept.size
+        while len(self._items) > self.capacity or (self._bytes > self.max_bytes and len(self._items) > 1):
+            self._drop(next(iter(self._items)))
+
+    def _drop(self, response_id: str) -> None:
         gone = self._items.pop(response_id, None)
         if gone is not None:
             self._bytes -= gone.size
-        return gone is not None
+            if self._store is not None:
+                self._unstored.append(response_id)
+
+    # ---- the store (under _writing) ---------------------------------------------------------------
+    def _write(self, response_id: str | None, kept: StoredResponse | None, dropped: list[str]) -> None:
+        if self._store is None:
+            return
+        row = None if kept is None else {
+            "id": response_id, "owner": kept.owner, "model": kept.model, "created": kept.at,
+            "body": kept.body.decode(), "messages": list(kept.messages), "input_items": list(kept.input_items)}
+        try:
+            self._store.write(row, dropped)  # the deletes first: a response put again is replaced
+        except Exception as exc:  # memory still holds it: this server serves it, a restart will not
+            log.error("a kept response could not be stored: %s: %s", type(exc).__name__, exc)
+
+    def _restore(self) -> None:
+        """The stored responses that have not expired, oldest first, within the bounds; the others, and
+        damaged ones (each named in the log), are removed from the store."""
+        try:
+            rows = self._store.load()
+        except Exception as exc:
+            log.error("the kept responses could not be read from the store (%s); none were restored", exc)
+            return
+        now, gone = self.clock(), []
+        for row in rows:
+            try:
+                if now - row["created"] > self.ttl:
+                    gone.append(row["id"])
+                    continue
+                kept = _kept(row["owner"], row["model"], json.loads(row["messages"]), row["body"].encode(),
+                             json.loads(row["input_items"]), row["created"])
+                json.loads(kept.body)
+            except Exception as exc:
+                log.warning("kept response %r is damaged in the store (%s: %s); it is dropped", row.get("id"),
+                            type(exc).__name__, exc)
+                gone.append(row["id"])
+                continue
+            self._hold(row["id"], kept)
+        gone += self._unstored  # past the bounds
+        self._unstored = []
+        self._write(None, None, gone)
+        if self._items:
+            log.info("restored %d kept response(s) from the store", len(self._items))
+
+
+def _kept(owner: str, model: str, messages: list[dict[str, Any]], body: bytes, input_items: list[dict[str, Any]],
+          at: float) -> StoredResponse:
+    size = len(body) + len(json.dumps([messages, input_items], ensure_ascii=False))
+    return StoredResponse(owner, model, tuple(messages), body, tuple(input_items), at, size)

@@ -8,6 +8,7 @@ from server.store.database import Database, storage_failure
 from server.store.encoding import json_safe
 from server.store.jobs import Jobs
 from server.store.runs import Runs
+from server.store.responses import StoredResponses
 from server.store.schema import MIGRATIONS
 from server.store.sessions import StoredSessions
 from server.store.steps import INTERRUPTED, OUTCOMES, Steps
@@ -19,8 +20,9 @@ __all__ = ["INTERRUPTED", "MIGRATIONS", "OUTCOMES", "Store", "json_safe", "stora
 class Store:
     """Runs, steps with their metrics and warnings, every step attempt (trained or not: the record of
     a run that does not learn), jobs and their events, every trajectory trained or logged with
-    token ids and logprobs, and the recorded sessions not yet expired. One connection guarded by a
-    lock; writes are small transactions, so a crash loses at most the step in flight.
+    token ids and logprobs, and the recorded sessions and kept Responses not yet expired. One
+    connection guarded by a lock; writes are small transactions, so a crash loses at most the step
+    in flight.
 
     A clean stop checkpoints the WAL into the main file (`close`), so the main file alone holds the
     data. A store found damaged at start (SQLite's quick_check fails, or the file is not a database)
@@ -35,6 +37,7 @@ class Store:
         self.trajectories = Trajectories(self.db)
         self.jobs = Jobs(self.db)
         self.sessions = StoredSessions(self.db)
+        self.responses = StoredResponses(self.db)
 
     @property
     def path(self) -> Path:

@@ -53,4 +53,10 @@ MIGRATIONS: list[str] = [
     CREATE TABLE session_exchanges (owner TEXT, session_id TEXT, seq INTEGER, exchange TEXT,
                                     PRIMARY KEY (owner, session_id, seq));
     """,
+    # 8: kept Responses (server/harness/responses.py), so that previous_response_id and retrieval outlive a
+    # restart until they expire: the body as answered, and the conversation and input items as JSON
+    """
+    CREATE TABLE kept_responses (id TEXT PRIMARY KEY, owner TEXT, model TEXT, created REAL, body TEXT,
+                                 messages TEXT, input_items TEXT);
+    """,
 ]

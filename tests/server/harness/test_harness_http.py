@@ -21,6 +21,7 @@ from client import TrainConfig, TrainableModel
 from server.harness.responses import ResponseStore
 from server.harness.sessions import SessionError, Sessions
 from server.settings import Settings
+from server.store import Store
 
 KEYS = ("key-one", "key-two")
 TOOL = {"type": "function", "name": "lookup", "description": "Look an item up.",
@@ -248,6 +249,20 @@ def test_kept_responses_are_bounded_in_bytes_and_time_and_owned():
     assert store.get("big", "k") is not None and store.get("r1", "k") is None
     now[0] = 11.0
     assert store.get("big", "k") is None  # expired
+
+
+@pytest.mark.unit
+def test_kept_responses_read_back_from_the_store_keep_its_order_and_bounds(tmp_path):
+    store = Store(tmp_path / "artisan.sqlite")
+    kept = ResponseStore(ttl=3600, store=store.responses)
+    for i in range(4):
+        kept.put(f"r{i}", "k", "m", [{"role": "user", "content": "x" * 1_200}], {"id": f"r{i}"}, [{"id": f"i{i}"}])
+    kept.delete("r3", "k")
+    again = ResponseStore(ttl=3600, max_bytes=3_000, store=store.responses)  # room for two now
+    assert [again.get(f"r{i}", "k") is not None for i in range(4)] == [False, True, True, False]
+    assert again.get("r2", "k").input_items == ({"id": "i2"},) and json.loads(again.get("r2", "k").body) == {"id": "r2"}
+    assert [row["id"] for row in store.responses.load()] == ["r1", "r2"]  # what did not fit is gone from the store
+    store.close()
 
 
 NEW_ROUTES = ("/v1/responses", "/v1/messages", "/v1/sessions/")

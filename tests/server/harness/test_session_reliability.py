@@ -5,7 +5,8 @@ clean stop and a SIGKILL token-exactly, stay taken by the job that trained them,
 start when expired or damaged (the server serving the rest); a failed request leaves no
 session; each key has its own count of sessions and its own namespace of session ids; fields no
 chat template renders are not kept, and a session's bytes are bounded; a session job refuses
-sessions with an exchange still being sampled, and sessions another job trained.
+sessions with an exchange still being sampled, and sessions another job trained. Kept Responses
+outlive a restart as sessions do.
 """
 
 from __future__ import annotations
@@ -222,6 +223,50 @@ async def test_expired_and_damaged_sessions_are_dropped_at_start_and_the_rest_se
     assert _record(srv.url, "", "broken", _say(run)).status_code == 200  # the id is free again
     assert _get(srv, "", "broken").json()["exchanges"] == 1
     assert httpx.get(f"{srv.url}/health", timeout=30).json()["status"] == "ok"
+
+
+def _respond(url: str, model: str, **body) -> dict:
+    r = httpx.post(f"{url}/v1/responses", json={"model": model, "max_output_tokens": 4, **body}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _kept_rows(data, response_id: str) -> int:
+    db = sqlite3.connect(data / "artisan.sqlite")
+    try:
+        return db.execute("SELECT COUNT(*) FROM kept_responses WHERE id = ?", (response_id,)).fetchone()[0]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("how", ["stop", "sigkill"])
+async def test_kept_responses_survive_a_restart_and_continue_token_exactly(fresh_server, tmp_path, how):
+    """A harness that continues by previous_response_id goes on across a restart; what was deleted,
+    has expired or is damaged is gone, from the store too."""
+    data = tmp_path / "data"
+    srv = fresh_server(data_dir=data)
+    model = (await TrainableModel(f"responses-survive-{how}").register(srv.url)).name
+    first = _respond(srv.url, model, input="What does a hat cost?")
+    deleted, old, damaged = (_respond(srv.url, model, input=text) for text in ("deleted", "old", "damaged"))
+    assert httpx.delete(f"{srv.url}/v1/responses/{deleted['id']}", timeout=30).status_code == 200
+    if how == "sigkill":
+        srv.kill()  # no shutdown code runs: what was answered was stored already
+    srv.stop()
+    db = sqlite3.connect(data / "artisan.sqlite")
+    with db:
+        db.execute("UPDATE kept_responses SET created = created - 7200 WHERE id = ?", (old["id"],))  # ttl 3600 s
+        db.execute("UPDATE kept_responses SET body = 'not json {' WHERE id = ?", (damaged["id"],))
+    db.close()
+
+    srv = fresh_server(data_dir=data)
+    assert httpx.get(f"{srv.url}/v1/responses/{first['id']}", timeout=30).json() == first
+    second = _respond(srv.url, model, previous_response_id=first["id"], input="And a cap?")
+    prompt, ids = first["prompt_token_ids"], first["token_ids"]
+    assert second["prompt_token_ids"][: len(prompt) + len(ids)] == prompt + ids  # spliced as sampled
+    for gone in (deleted, old, damaged):
+        assert httpx.get(f"{srv.url}/v1/responses/{gone['id']}", timeout=30).status_code == 404
+        assert _kept_rows(data, gone["id"]) == 0  # removed from the store, not skipped at every start
+    assert f"{damaged['id']!r} is damaged" in srv.log_path.read_text()
 
 
 def test_an_exchange_the_store_refuses_is_not_recorded(tmp_path, monkeypatch):
