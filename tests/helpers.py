@@ -22,7 +22,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import httpx
-
 from openai.types.chat.chat_completion import Choice
 
 from client import TrainableModel, TrajectoryGroup

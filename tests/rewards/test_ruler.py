@@ -14,7 +14,6 @@ from collections import deque
 from typing import Any
 
 import pytest
-
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse

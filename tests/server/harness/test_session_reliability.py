@@ -142,10 +142,10 @@ def _record_with_a_tool_call(url: str, run: str, sid: str) -> None:
     _streamed(url, sid, _say(run, tools=[CHAT_TOOL], messages=[*ask, reply, result]))
 
 
-def _stored_rows(data, sid: str) -> int:
+def _stored_rows(data, table: str, column: str, value: str) -> int:
     db = sqlite3.connect(data / "artisan.sqlite")
     try:
-        return db.execute("SELECT COUNT(*) FROM session_exchanges WHERE session_id = ?", (sid,)).fetchone()[0]
+        return db.execute(f"SELECT COUNT(*) FROM {table} WHERE {column} = ?", (value,)).fetchone()[0]
     finally:
         db.close()
 
@@ -217,7 +217,8 @@ async def test_expired_and_damaged_sessions_are_dropped_at_start_and_the_rest_se
     assert _get(srv, "", "fine").json() == fine
     for sid in ("old", "broken", "no-exchanges", "orphan"):
         assert _get(srv, "", sid).status_code == 404, sid
-        assert _stored_rows(data, sid) == 0, sid  # removed from the store, not skipped at every start
+        # removed from the store, not skipped at every start
+        assert _stored_rows(data, "session_exchanges", "session_id", sid) == 0, sid
     log = srv.log_path.read_text()
     assert "'broken'" in log and "damaged" in log, log[-2000:]
     assert _record(srv.url, "", "broken", _say(run)).status_code == 200  # the id is free again
@@ -229,14 +230,6 @@ def _respond(url: str, model: str, **body) -> dict:
     r = httpx.post(f"{url}/v1/responses", json={"model": model, "max_output_tokens": 4, **body}, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def _kept_rows(data, response_id: str) -> int:
-    db = sqlite3.connect(data / "artisan.sqlite")
-    try:
-        return db.execute("SELECT COUNT(*) FROM kept_responses WHERE id = ?", (response_id,)).fetchone()[0]
-    finally:
-        db.close()
 
 
 @pytest.mark.parametrize("how", ["stop", "sigkill"])
@@ -265,7 +258,7 @@ async def test_kept_responses_survive_a_restart_and_continue_token_exactly(fresh
     assert second["prompt_token_ids"][: len(prompt) + len(ids)] == prompt + ids  # spliced as sampled
     for gone in (deleted, old, damaged):
         assert httpx.get(f"{srv.url}/v1/responses/{gone['id']}", timeout=30).status_code == 404
-        assert _kept_rows(data, gone["id"]) == 0  # removed from the store, not skipped at every start
+        assert _stored_rows(data, "kept_responses", "id", gone["id"]) == 0  # removed from the store too
     assert f"{damaged['id']!r} is damaged" in srv.log_path.read_text()
 
 
