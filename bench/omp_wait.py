@@ -44,15 +44,17 @@ def measure(layers: int, passes: int, rounds: int, team_alive: bool) -> dict:
     weights = [torch.randn(n_in, n_out) for _ in range(layers) for n_in, n_out in LAYER]
     rows = {n_in: torch.randn(1, n_in) for n_in, _ in LAYER}
     release = threading.Event()
-    trainer = threading.Thread(target=lambda: None)
-    if team_alive:  # a thread that has run a parallel region and lives on, as the trainer does
-        def hold_a_team() -> None:  # on the worker's OMP_NUM_THREADS=2, as every thread of it starts
-            a = torch.randn(512, 512)
-            a @ a
-            release.wait()
-        trainer = threading.Thread(target=hold_a_team)
-    trainer.start()
-    time.sleep(0.2 * team_alive)
+
+    def hold_a_team() -> None:  # on the worker's OMP_NUM_THREADS=2, as every thread of it starts
+        a = torch.randn(512, 512)
+        a @ a
+        release.wait()
+
+    # a thread that has run a parallel region and lives on, as the trainer does
+    trainer = threading.Thread(target=hold_a_team) if team_alive else None
+    if trainer is not None:
+        trainer.start()
+        time.sleep(0.2)
     times: dict[int, list[float]] = {1: [], 2: []}
     try:
         for _ in range(rounds):
@@ -69,7 +71,8 @@ def measure(layers: int, passes: int, rounds: int, team_alive: bool) -> dict:
         # Joined, not left to die with the process: the interpreter exiting while that thread's
         # OpenMP team still runs aborts the process now and then (SIGABRT).
         release.set()
-        trainer.join()
+        if trainer is not None:
+            trainer.join()
     return {f"t{n}_ms": round(statistics.median(v), 2) for n, v in times.items()}
 
 

@@ -158,9 +158,9 @@ def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
     for item in items:
         if item["type"] == "message":
             kind = "output_text" if item["role"] == "assistant" else "input_text"
-            parts = ([{"type": kind, "text": item["content"]}] if isinstance(item["content"], str)
-                     else [{**part, "type": kind} for part in item["content"]])
-            item["content"] = [{**part, "annotations": []} if kind == "output_text" else part for part in parts]
+            extra = {"annotations": []} if kind == "output_text" else {}
+            parts = [{"text": item["content"]}] if isinstance(item["content"], str) else item["content"]
+            item["content"] = [{**part, "type": kind, **extra} for part in parts]
         out.append({"id": f"{ITEM_ID_PREFIX[item['type']]}_{uuid.uuid4().hex[:24]}", **item, "status": "completed"})
     return out
 

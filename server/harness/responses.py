@@ -36,10 +36,10 @@ class StoredResponse:
     owner: str
     model: str
     messages: tuple[dict[str, Any], ...]  # the input conversation (without instructions) and the output turn
-    body: bytes  # the response as it was answered (JSON)
+    body: str  # the response as it was answered (JSON)
     input_items: tuple[dict[str, Any], ...]  # the request's own input, as Responses items with ids
     at: float
-    size: int  # bytes held, counted against the store's bound
+    size: int  # characters of its JSON, counted against the store's bound
 
 
 class ResponseStore:
@@ -57,14 +57,16 @@ class ResponseStore:
 
     def put(self, response_id: str, owner: str, model: str, messages: list[dict[str, Any]],
             body: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
-        kept = _kept(owner, model, messages, json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
-                     input_items, self.clock())
+        row = {"id": response_id, "owner": owner, "model": model, "created": self.clock(), "body": _json(body),
+               "messages": _json(messages), "input_items": _json(input_items)}
+        kept = StoredResponse(owner, model, tuple(messages), row["body"], tuple(input_items), row["created"],
+                              _size(row))
         with self._writing:
             with self._lock:
                 self._drop(response_id)
                 self._hold(response_id, kept)
                 dropped, self._unstored = self._unstored, []
-            self._write(response_id, kept, dropped)
+            self._write(row, dropped)
 
     def get(self, response_id: str, owner: str) -> StoredResponse | None:
         with self._lock:
@@ -82,7 +84,7 @@ class ResponseStore:
             with self._lock:
                 self._drop(response_id)
                 dropped, self._unstored = self._unstored, []
-            self._write(None, None, dropped)
+            self._write(None, dropped)
             return True
 
     # ---- memory (under _lock) ---------------------------------------------------------------------
@@ -100,12 +102,9 @@ class ResponseStore:
                 self._unstored.append(response_id)
 
     # ---- the store (under _writing) ---------------------------------------------------------------
-    def _write(self, response_id: str | None, kept: StoredResponse | None, dropped: list[str]) -> None:
+    def _write(self, row: dict[str, Any] | None, dropped: list[str]) -> None:
         if self._store is None:
             return
-        row = None if kept is None else {
-            "id": response_id, "owner": kept.owner, "model": kept.model, "created": kept.at,
-            "body": kept.body.decode(), "messages": list(kept.messages), "input_items": list(kept.input_items)}
         try:
             self._store.write(row, dropped)  # the deletes first: a response put again is replaced
         except Exception as exc:  # memory still holds it: this server serves it, a restart will not
@@ -125,9 +124,9 @@ class ResponseStore:
                 if now - row["created"] > self.ttl:
                     gone.append(row["id"])
                     continue
-                kept = _kept(row["owner"], row["model"], json.loads(row["messages"]), row["body"].encode(),
-                             json.loads(row["input_items"]), row["created"])
-                json.loads(kept.body)
+                json.loads(row["body"])
+                kept = StoredResponse(row["owner"], row["model"], tuple(json.loads(row["messages"])), row["body"],
+                                      tuple(json.loads(row["input_items"])), row["created"], _size(row))
             except Exception as exc:
                 log.warning("kept response %r is damaged in the store (%s: %s); it is dropped", row.get("id"),
                             type(exc).__name__, exc)
@@ -136,12 +135,15 @@ class ResponseStore:
             self._hold(row["id"], kept)
         gone += self._unstored  # past the bounds
         self._unstored = []
-        self._write(None, None, gone)
+        self._write(None, gone)
         if self._items:
             log.info("restored %d kept response(s) from the store", len(self._items))
 
 
-def _kept(owner: str, model: str, messages: list[dict[str, Any]], body: bytes, input_items: list[dict[str, Any]],
-          at: float) -> StoredResponse:
-    size = len(body) + len(json.dumps([messages, input_items], ensure_ascii=False))
-    return StoredResponse(owner, model, tuple(messages), body, tuple(input_items), at, size)
+def _json(value: Any) -> str:
+    """Plain json.dumps, not the store's NaN-as-null: a logprob of -inf must read back as it was sampled."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _size(row: dict[str, Any]) -> int:
+    return len(row["body"]) + len(row["messages"]) + len(row["input_items"])

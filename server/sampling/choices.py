@@ -122,6 +122,7 @@ def content_logprobs(text_of: Callable[[list[int]], str], choice: dict[str, Any]
     start = full.find(content, thought)  # the text comes after the reasoning, which may quote it
     if start < 0:
         return list(entries)
+
     def written(k: int) -> int:  # characters tokens 0..k write; a prefix's text only grows, so both ends bisect
         return len(text_of(ids[: k + 1]))
 
