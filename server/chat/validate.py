@@ -67,6 +67,8 @@ def _check_calls(m: dict[str, Any], i: int) -> tuple[set[str], bool]:
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise RenderError(f"messages[{i}].tool_calls[{j}] needs function.name")
+        if not isinstance(call.get("id", ""), (str, type(None))):
+            raise RenderError(f"messages[{i}].tool_calls[{j}].id must be a string")
         if call.get("id"):
             ids.add(call["id"])
     return ids, bool(calls)

@@ -52,9 +52,10 @@ async def check_served(state: ServerState, model: str, who: Caller) -> None:
 
 
 def check_token_ids(state: ServerState, ids: list[int], param: str) -> None:
-    """A 400 naming `param` for an id outside this model's vocabulary."""
+    """A 400 naming `param` for an id outside this model's vocabulary (a negative one included: the
+    tokenizer's Rust side overflows on it, a 500)."""
     vocab = state.host.vocab_size
-    bad = next((t for t in ids if t >= vocab), None)
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise APIError(400, f"{param}: {bad} is not a token id of this model (its vocabulary has {vocab})",
                        param=param, code="invalid_token_ids")

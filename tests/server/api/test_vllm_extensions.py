@@ -185,7 +185,10 @@ def test_tokenize_gives_the_ids_chat_would_prompt_with_sampled_turns_spliced(ser
     ("/tokenize", {"messages": ASK, "add_generation_prompt": False}, 400, "add_generation_prompt"),
     ("/tokenize", {"messages": ASK, "chat_template": "{{ messages }}"}, 400, "chat_template"),
     ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+    ("/tokenize", {"messages": [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": [None], "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400, "messages"),
     ("/detokenize", {"tokens": [10**9]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [-5]}, 400, "tokens"),
     ("/detokenize", {"model": "no-such-run", "tokens": [1]}, 404, "model")])
 def test_tokenize_and_detokenize_refuse_what_they_cannot_do_naming_it(server, route, body, status, field):
     r = httpx.post(server.url + route, json=body, timeout=60)
