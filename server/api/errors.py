@@ -83,7 +83,8 @@ def _reference(code: int) -> dict:
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")  # 405: the client's
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,

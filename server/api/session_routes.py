@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from starlette.routing import Match
 
 from protocol.jobs import JointSessionJob, RLJob, ScoredSession, SessionJob
 from protocol.trajectory import Trajectory, TrajectoryGroup
@@ -167,9 +168,16 @@ _SESSION_ROUTES = ("POST chat/completions, POST responses, GET and DELETE respon
                    "/v1/sessions/{id}/ (or /v1/sessions/{id}/v1/, for a base URL that ends in /v1)")
 
 
+_CATCH_ALL = "/v1/sessions/{session_id}/{rest:path}"
+
+
 # Registered after the chat, Responses and Messages routers (server/app.py), so it only sees what they did not take.
-@router.api_route("/v1/sessions/{session_id}/{rest:path}", include_in_schema=False,
+@router.api_route(_CATCH_ALL, include_in_schema=False,
                   methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 async def no_such_session_route(session_id: SessionId, rest: str, request: Request) -> None:
-    raise APIError(404, f"no route {request.method} /v1/sessions/{session_id}/{rest}: a session serves "
-                        f"{_SESSION_ROUTES}", code="unknown_route")
+    # A path a session serves, asked with another method, is a 405 as anywhere else; a path it does not, a 404.
+    served = any(getattr(route, "path", None) != _CATCH_ALL and route.matches(request.scope)[0] is Match.PARTIAL
+                 for route in request.app.routes)
+    status, code = (405, "method_not_allowed") if served else (404, "unknown_route")
+    raise APIError(status, f"no route {request.method} /v1/sessions/{session_id}/{rest}: a session serves "
+                           f"{_SESSION_ROUTES}", code=code)

@@ -45,10 +45,13 @@ def logprobs_at_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> 
 
 
 def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Zero out the tail beyond each row's nucleus (the smallest set with mass >= top_p)."""
+    """Zero out the tail beyond each row's nucleus (the smallest set with mass >= top_p). The most
+    likely token always stays: a top_p that rounds to 0 in float32 (5e-324 does) would leave nothing."""
     sorted_p, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_p.cumsum(dim=-1) - sorted_p
-    sorted_p = sorted_p.masked_fill(mass_before >= top_p[:, None], 0.0)
+    tail = mass_before >= top_p[:, None]
+    tail[:, 0] = False
+    sorted_p = sorted_p.masked_fill(tail, 0.0)
     return torch.zeros_like(probs).scatter(-1, order, sorted_p)
 
 

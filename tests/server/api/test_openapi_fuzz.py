@@ -1,5 +1,7 @@
 """The server driven from its own OpenAPI document: schemathesis generates requests (valid ones,
-and ones that break the schema) for every route, and none may get a 5xx.
+and ones that break the schema) for every route, and none may get a 5xx. Beside the random draws,
+its coverage phase: for each route, every boundary and wrong type its schema allows one to name
+(a negative id, a list where a string goes), each once, so the sweep does not depend on luck.
 
 Routes are tried with data in place, so reads find something: a run with a trained step and
 logged groups. Generated chat requests are capped to a few tokens so a bounded number of examples
@@ -17,6 +19,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.errors import Unsatisfiable
@@ -87,6 +90,26 @@ def _fuzz(url: str, mode: GenerationMode, per_route: int,
     return failures, seen, sent
 
 
+def _coverage_cases(url: str):
+    """schemathesis's coverage phase for every route: (operation, case), valid cases and invalid ones."""
+    schema = schemathesis.openapi.from_url(url + "/openapi.json")
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        generation = schema.config.generation_for(operation=operation, phase="coverage")
+        for case in schema.iter_coverage_cases(operation, generation_modes=list(GenerationMode),
+                                               generation_config=generation, extra_data_source=None,
+                                               error_feedback=None, session=None):
+            yield operation, case
+
+
+def _no_route(response) -> bool:
+    """A 404 of the router: the path matched no route, so no operation's documented codes apply."""
+    if response.status_code != 404:
+        return False
+    error = response.json()["error"]
+    return error["code"] == "unknown_route" or error["message"] == "Not Found"
+
+
 def _undocumented(url: str, seen: dict[tuple[str, str], set[int]]) -> list[str]:
     """Status codes an operation answered that its published responses do not list."""
     paths = httpx.get(url + "/openapi.json").json()["paths"]
@@ -100,6 +123,49 @@ def test_no_generated_request_gets_a_server_error(fuzzed_server, mode):
     failures, seen, _ = _fuzz(fuzzed_server.url, mode, EXAMPLES_PER_ROUTE)
     assert failures == [], "\n".join(failures[:10])
     assert _undocumented(fuzzed_server.url, seen) == []
+
+
+def _ground(case, run: str) -> bool:
+    """The case pointed at a run that exists (generated names mostly get a 404 before any check of
+    the body runs); False where nothing names a run, or for a delete (it would delete the run)."""
+    if case.method.upper() == "DELETE":
+        return False
+    named = "name" in (case.path_parameters or {}), isinstance(case.body, dict) and "model" in case.body
+    if named[0]:
+        case.path_parameters["name"] = run
+    if named[1]:
+        case.body["model"] = run
+    return any(named)
+
+
+async def test_no_boundary_case_of_the_coverage_phase_gets_a_server_error(fuzzed_server):
+    """Every case of schemathesis's coverage phase (about 8,000, each also sent to a run that exists)
+    gets a documented 2xx or 4xx; a negative token id to /detokenize and a list as a tool call's id were
+    500s that 12 random draws per route never sent."""
+    await TrainableModel("swept").register(fuzzed_server.url)
+    failures, seen, sent = [], {}, Counter()
+
+    def send(operation, case, session) -> None:
+        response = case.call(base_url=fuzzed_server.url, session=session, timeout=120)
+        sent[response.status_code // 100] += 1
+        # The phase's probes of a method the route lacks answer for another route, or none: only no 5xx holds.
+        # An empty or slashed path segment matches no route: no operation's documented codes apply.
+        if case.method.upper() == operation.method.upper() and not _no_route(response):
+            seen.setdefault((operation.method.upper(), operation.path), set()).add(response.status_code)
+        if response.status_code >= 500:
+            failures.append(f"{operation.method.upper()} {operation.path} -> {response.status_code}: "
+                            f"{response.text[:300]} for {case.as_curl_command()[:500]}")
+
+    with requests.Session() as session:  # schemathesis sends with requests
+        for operation, case in _coverage_cases(fuzzed_server.url):
+            _short(case.body)
+            send(operation, case, session)
+            if _ground(case, "swept"):
+                send(operation, case, session)
+    assert failures == [], "\n".join(failures[:10])
+    assert sent[2] > 500 and sent[4] > 5000, sent  # valid cases got through, and broken ones were refused
+    undocumented = _undocumented(fuzzed_server.url, seen)
+    assert undocumented == [], "\n".join(undocumented)
 
 
 @pytest.mark.skipif(not os.environ.get("ARTISAN_FUZZ_CASES"), reason="the long fuzz: ARTISAN_FUZZ_CASES=5000")

@@ -200,6 +200,10 @@ def test_unknown_route_is_an_openai_style_404(server):
     assert_error(httpx.get(server.url + "/v1/nothing-here", timeout=30), 404)
 
 
+def test_a_method_a_route_does_not_take_is_the_client_s_error_not_the_server_s(server):
+    assert assert_error(httpx.put(server.url + "/v1/models", timeout=30), 405)["type"] == "invalid_request_error"
+
+
 # ---- auth ---------------------------------------------------------------------------------------
 
 def test_api_key_is_required_on_every_route_but_health(fresh_server):

@@ -199,6 +199,17 @@ async def test_a_session_belongs_to_its_key_and_trains_from_what_was_recorded(sr
     assert m.trained_choices == m.choices == 2 and m.prompt_mismatches == 0
 
 
+@pytest.mark.parametrize("method,path,status,code", [
+    ("GET", "/v1/sessions/s1/nothing-here", 404, "unknown_route"),
+    ("POST", "/v1/sessions/s1/v1/embeddings", 404, "unknown_route"),
+    ("PUT", "/v1/sessions/s1/models", 405, "method_not_allowed"),  # served, with GET
+    ("GET", "/v1/sessions/s1/chat/completions", 405, "method_not_allowed"),
+    ("DELETE", "/v1/sessions/s1/v1/messages", 405, "method_not_allowed")])
+def test_a_route_a_session_lacks_is_named_with_the_routes_it_has(http, method, path, status, code):
+    error = _error(http.request(method, path), status)
+    assert error["code"] == code and "a session serves POST chat/completions" in error["message"], error
+
+
 def _recorded(sessions: Sessions, sid: str, owner: str, choice: dict) -> None:
     recording = sessions.recording(sid, owner)
     recording.begin([{"role": "user", "content": "hi"}], None)
