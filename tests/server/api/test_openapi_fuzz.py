@@ -1,7 +1,7 @@
 """The server driven from its own OpenAPI document: schemathesis generates requests (valid ones,
 and ones that break the schema) for every route, and none may get a 5xx. Beside the random draws,
 its coverage phase: for each route, every boundary and wrong type its schema allows one to name
-(a negative id, a list where a string goes), each once, so the sweep does not depend on luck.
+(the least float above a bound, a list where a string goes), each once, so the sweep does not depend on luck.
 
 Routes are tried with data in place, so reads find something: a run with a trained step and
 logged groups. Generated chat requests are capped to a few tokens so a bounded number of examples
@@ -140,8 +140,8 @@ def _ground(case, run: str) -> bool:
 
 async def test_no_boundary_case_of_the_coverage_phase_gets_a_server_error(fuzzed_server):
     """Every case of schemathesis's coverage phase (about 8,000, each also sent to a run that exists)
-    gets a documented 2xx or 4xx; a negative token id to /detokenize and a list as a tool call's id were
-    500s that 12 random draws per route never sent."""
+    gets a documented 2xx or 4xx; a top_p of 5e-324 and a list as a tool call's id were 500s that 12
+    random draws per route never sent."""
     await TrainableModel("swept").register(fuzzed_server.url)
     failures, seen, sent = [], {}, Counter()
 
