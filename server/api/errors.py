@@ -149,6 +149,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 405:
+            return error_response(405, f"{request.url.path} does not take {request.method}",
+                                  code="method_not_allowed", headers=exc.headers)
+        if exc.status_code == 404 and exc.detail == "Not Found":  # the router's: no path matched
+            return error_response(404, f"no route {request.method} {request.url.path}", code="unknown_route")
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)

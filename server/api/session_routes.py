@@ -8,8 +8,9 @@ its sessions: a retry after the sessions are gone (expired or deleted) still ans
 does, and an interrupted job runs again from what it stored. The sessions a job took stay taken
 across a restart (they are stored, server/harness/sessions.py): a session trains once.
 
-Any other path under a session is a 404 that names the session's routes: a harness given a session
-base URL with one path segment too many or too few otherwise gets a bare "Not Found".
+Any other path under a session is a 404 (a path it serves, asked with another method, a 405) that names
+the session's routes: a harness given a session base URL with one path segment too many or too few
+learns from the error what the base URL should have been.
 """
 
 from __future__ import annotations

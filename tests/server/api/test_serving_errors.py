@@ -197,11 +197,13 @@ def test_oversize_body_is_a_413(server):
 
 
 def test_unknown_route_is_an_openai_style_404(server):
-    assert_error(httpx.get(server.url + "/v1/nothing-here", timeout=30), 404)
+    error = assert_error(httpx.get(server.url + "/v1/nothing-here", timeout=30), 404, code="unknown_route")
+    assert error["message"] == "no route GET /v1/nothing-here"
 
 
-def test_a_method_a_route_does_not_take_is_the_client_s_error_not_the_server_s(server):
-    assert assert_error(httpx.put(server.url + "/v1/models", timeout=30), 405)["type"] == "invalid_request_error"
+def test_a_method_a_path_does_not_take_is_the_client_s_error_in_one_line(server):
+    error = assert_error(httpx.put(server.url + "/v1/models", timeout=30), 405, code="method_not_allowed")
+    assert error["type"] == "invalid_request_error" and error["message"] == "/v1/models does not take PUT"
 
 
 # ---- auth ---------------------------------------------------------------------------------------
