@@ -179,6 +179,8 @@ async def no_such_session_route(session_id: SessionId, rest: str, request: Reque
     # A path a session serves, asked with another method, is a 405 as anywhere else; a path it does not, a 404.
     served = any(getattr(route, "path", None) != _CATCH_ALL and route.matches(request.scope)[0] is Match.PARTIAL
                  for route in request.app.routes)
-    status, code = (405, "method_not_allowed") if served else (404, "unknown_route")
-    raise APIError(status, f"no route {request.method} /v1/sessions/{session_id}/{rest}: a session serves "
-                           f"{_SESSION_ROUTES}", code=code)
+    path = f"/v1/sessions/{session_id}/{rest}"
+    if served:
+        raise APIError(405, f"{path} does not take {request.method}: a session serves {_SESSION_ROUTES}",
+                       code="method_not_allowed")
+    raise APIError(404, f"no route {request.method} {path}: a session serves {_SESSION_ROUTES}", code="unknown_route")

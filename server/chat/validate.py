@@ -46,6 +46,8 @@ def validate_messages(messages: Sequence[dict[str, Any]]) -> None:
             if not awaiting_results:
                 raise RenderError(f"messages[{i}]: a tool message must follow an assistant message with tool_calls")
             call_id = m.get("tool_call_id")
+            if not isinstance(call_id, (str, type(None))):
+                raise RenderError(f"messages[{i}].tool_call_id must be a string")
             if pending_tool_ids and call_id not in pending_tool_ids:
                 raise RenderError(f"messages[{i}].tool_call_id {call_id!r} does not match a preceding tool call")
             if not isinstance(m.get("content"), (str, list)):

@@ -229,10 +229,13 @@ BAD_ORDERS = {
     "tool_call_without_name": ([
         {"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]},
         {"role": "tool", "tool_call_id": "x", "content": "r"}], "function.name"),
-    "tool_call_id_not_a_string": ([
+    "tool_call_s_id_not_a_string": ([
         {"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [
             {"id": [None], "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "x", "content": "r"}], r"tool_calls\[0\]\.id must be a string"),
+    "tool_call_id_not_a_string": ([
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [call("x", "f", "{}")]},
+        {"role": "tool", "tool_call_id": ["x"], "content": "r"}], r"messages\[2\]\.tool_call_id must be a string"),
     "tool_without_content": ([
         {"role": "user", "content": "a"}, {"role": "assistant", "content": None, "tool_calls": [call("x", "f", "{}")]},
         {"role": "tool", "tool_call_id": "x"}], "content"),
