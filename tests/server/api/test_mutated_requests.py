@@ -1,0 +1,112 @@
+"""One valid request per API face, and every copy of it with one value replaced by a wrong one
+(or removed): none may get a 5xx, and every refusal is one line.
+
+The OpenAPI fuzz (test_openapi_fuzz.py) draws whole bodies from the schema, so a deep field (a
+tool message's `tool_call_id` in the fourth message) is rarely reached with everything around it
+valid; this walks each leaf and container of a conversation that uses tools, reasoning and text
+parts, on each face: chat completions, vLLM's /tokenize, Messages (and count_tokens), Responses.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+TOOL = {"type": "object", "properties": {"a": {"type": "integer"}}}
+CHAT = {
+    "messages": [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": None, "reasoning_content": "r", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "out"},
+        {"role": "assistant", "content": "ok", "name": "bob"},
+        {"role": "user", "content": "again"}],
+    "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": TOOL}}],
+}
+CHAT_SAMPLED = {**CHAT, "tool_choice": "auto", "stop": ["\n"], "logprobs": True, "top_logprobs": 2,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}
+MESSAGES = {
+    "system": [{"type": "text", "text": "s"}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"},
+                                          {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "out"}]}]}],
+    "tools": [{"name": "f", "description": "d", "input_schema": TOOL}],
+    "tool_choice": {"type": "auto"}, "stop_sequences": ["x"],
+}
+RESPONSES = {
+    "instructions": "s",
+    "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "out"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+        {"role": "user", "content": "again"}],
+    "tools": [{"type": "function", "name": "f", "parameters": TOOL}],
+    "tool_choice": "auto", "text": {"format": {"type": "text"}},
+}
+# Wrong values of every JSON type, and the shapes code is tempted to hash, index or iterate.
+WRONG = [None, True, 0, -1, 1.5, "", "x", [], {}, [None], [[1]], {"a": None}, "\ud800", 2**70,
+         {"type": "text"}, [{"type": "text", "text": 1}], [{"type": None}]]
+REMOVED = object()
+
+
+def _places(value: Any, path: tuple = ()) -> Iterator[tuple]:
+    """The path of every value inside `value`, containers and leaves."""
+    if path:
+        yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, inner in items:
+        yield from _places(inner, path + (key,))
+
+
+def _mutated(body: dict, path: tuple, wrong: Any) -> dict:
+    out = copy.deepcopy(body)
+    parent = out
+    for key in path[:-1]:
+        parent = parent[key]
+    if wrong is REMOVED:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = wrong
+    return out
+
+
+@pytest.fixture(scope="module")
+def faces(server) -> dict[str, dict]:
+    model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    return {
+        "/tokenize": CHAT,
+        "/v1/chat/completions": {**CHAT_SAMPLED, "model": model, "max_tokens": 2},
+        "/v1/messages": {**MESSAGES, "model": model, "max_tokens": 2},
+        "/v1/messages/count_tokens": {**MESSAGES, "model": model},
+        "/v1/responses": {**RESPONSES, "model": model, "max_output_tokens": 2},
+    }
+
+
+@pytest.mark.parametrize("route", ["/tokenize", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
+                                   "/v1/responses"])
+def test_every_value_of_a_valid_request_made_wrong_gets_a_one_line_4xx(server, faces, route):
+    base = faces[route]
+    answers: Counter[int] = Counter()
+    failures: list[str] = []
+    with httpx.Client(base_url=server.url, timeout=60, headers={"content-type": "application/json"}) as client:
+        assert client.post(route, content=json.dumps(base)).status_code == 200  # the request mutated is valid
+        for path in list(_places(base)):
+            for wrong in [*WRONG, REMOVED]:
+                r = client.post(route, content=json.dumps(_mutated(base, path, wrong)))
+                answers[r.status_code // 100] += 1
+                if r.status_code >= 500:
+                    failures.append(f"{path} = {wrong if wrong is not REMOVED else 'removed'!r:.40}: {r.text[:200]}")
+                elif r.status_code >= 400 and "\n" in r.json()["error"]["message"]:
+                    failures.append(f"{path}: a refusal over several lines: {r.text[:200]}")
+    assert failures == [], "\n".join(failures[:10])
+    assert answers[4] > 100 and answers[2] > 20, answers  # the sweep refused much, and much stayed valid
