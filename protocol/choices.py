@@ -11,7 +11,7 @@ import math
 from typing import Any, Union
 
 from openai.types.chat.chat_completion import Choice
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 Message = dict[str, Any]
 MessageOrChoice = Union[Choice, Message]
@@ -73,6 +73,8 @@ def as_message(item: MessageOrChoice) -> Message:
 
 def check_choice_numbers(choice: Choice, where: str) -> None:
     """Shape checks that need no model: as many logprobs as ids, every logprob a finite log-probability."""
+    if not isinstance(getattr(choice, "token_ids", None), (list, type(None))):  # an extra field: any JSON
+        raise ValueError(f"{where}: token_ids must be a list of non-negative integers")
     ids, lps = choice_token_ids(choice), choice_logprobs(choice)
     if ids is not None and lps is not None and len(ids) != len(lps):
         raise ValueError(f"{where}: {len(ids)} token_ids but {len(lps)} logprobs")
@@ -80,4 +82,9 @@ def check_choice_numbers(choice: Choice, where: str) -> None:
         raise ValueError(f"{where}: logprobs must be finite and <= 0")
     if ids is not None and any(not isinstance(t, int) or t < 0 or t > INT64 for t in ids):
         raise ValueError(f"{where}: token_ids must be non-negative integers")
-    choice_sampling(choice)  # validates the record when present
+    try:
+        choice_sampling(choice)  # validates the record when present
+    except ValidationError as e:  # one line naming the field, not pydantic's report
+        first = e.errors()[0]
+        field = ".".join(["sampling", *map(str, first["loc"])])
+        raise ValueError(f"{where}: {field}: {first['msg']}") from None

@@ -4,7 +4,8 @@
 The OpenAPI fuzz (test_openapi_fuzz.py) draws whole bodies from the schema, so a deep field (a
 tool message's `tool_call_id` in the fourth message) is rarely reached with everything around it
 valid; this walks each leaf and container of a conversation that uses tools, reasoning and text
-parts, on each face: chat completions, vLLM's /tokenize, Messages (and count_tokens), Responses.
+parts, on each face: chat completions, vLLM's /tokenize, Messages (and count_tokens), Responses;
+and an RL job's sampled choices (their ids, logprobs and sampling record), refused at submission.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+
+from client import TrainableModel
+from protocol.choices import is_choice_dict
+from protocol.jobs import RLJob
+from tests.helpers import demo_groups, with_rewards
 
 TOOL = {"type": "object", "properties": {"a": {"type": "integer"}}}
 CHAT = {
@@ -59,13 +65,29 @@ WRONG = [None, True, 0, -1, 1.5, "", "x", [], {}, [None], [[1]], {"a": None}, "\
 REMOVED = object()
 
 
-def _places(value: Any, path: tuple = ()) -> Iterator[tuple]:
-    """The path of every value inside `value`, containers and leaves."""
+def _places(value: Any, path: tuple = (), depth: int = 99) -> Iterator[tuple]:
+    """The path of every value inside `value`, containers and leaves, at most `depth` levels down."""
     if path:
         yield path
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, inner in items:
-        yield from _places(inner, path + (key,))
+    for key, inner in items if depth > 0 else ():
+        yield from _places(inner, path + (key,), depth - 1)
+
+
+def _send(client: httpx.Client, route: str, body: dict) -> httpx.Response:
+    return client.post(route, content=json.dumps(body), headers={"content-type": "application/json"})
+
+
+def _refusal_problem(r: httpx.Response) -> str | None:
+    if r.status_code >= 500:
+        return r.text[:200]
+    if r.status_code >= 400 and "\n" in r.json()["error"]["message"]:
+        return f"a refusal over several lines: {r.text[:200]}"
+    return None
+
+
+def _shown(wrong: Any) -> str:
+    return "removed" if wrong is REMOVED else repr(wrong)[:40]
 
 
 def _mutated(body: dict, path: tuple, wrong: Any) -> dict:
@@ -78,6 +100,12 @@ def _mutated(body: dict, path: tuple, wrong: Any) -> dict:
     else:
         parent[path[-1]] = wrong
     return out
+
+
+@pytest.fixture(scope="module")
+def server(fresh_server_module):
+    """A server of this module's own: the job sweep registers a run, and what it accepts it cancels."""
+    return fresh_server_module()
 
 
 @pytest.fixture(scope="module")
@@ -98,15 +126,40 @@ def test_every_value_of_a_valid_request_made_wrong_gets_a_one_line_4xx(server, f
     base = faces[route]
     answers: Counter[int] = Counter()
     failures: list[str] = []
-    with httpx.Client(base_url=server.url, timeout=60, headers={"content-type": "application/json"}) as client:
-        assert client.post(route, content=json.dumps(base)).status_code == 200  # the request mutated is valid
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        assert _send(client, route, base).status_code == 200  # the request mutated is valid
         for path in list(_places(base)):
             for wrong in [*WRONG, REMOVED]:
-                r = client.post(route, content=json.dumps(_mutated(base, path, wrong)))
+                r = _send(client, route, _mutated(base, path, wrong))
                 answers[r.status_code // 100] += 1
-                if r.status_code >= 500:
-                    failures.append(f"{path} = {wrong if wrong is not REMOVED else 'removed'!r:.40}: {r.text[:200]}")
-                elif r.status_code >= 400 and "\n" in r.json()["error"]["message"]:
-                    failures.append(f"{path}: a refusal over several lines: {r.text[:200]}")
+                if problem := _refusal_problem(r):
+                    failures.append(f"{path} = {_shown(wrong)}: {problem}")
     assert failures == [], "\n".join(failures[:10])
     assert answers[4] > 100 and answers[2] > 20, answers  # the sweep refused much, and much stayed valid
+
+
+async def test_every_field_of_an_rl_job_s_sampled_choice_made_wrong_gets_a_one_line_4xx_at_submission(server):
+    """A choice's token_ids are a field OpenAI's Choice does not have, so any JSON reaches the server's
+    checks: `true` there was a 500. What is accepted is cancelled, so nothing trains."""
+    model = await TrainableModel("mutated-job").register(server.url)
+    groups = with_rewards(await demo_groups(model, 1, 2, seed=3), [[0.0, 1.0]])
+    base = RLJob(groups=groups).model_dump(mode="json")
+    turns = base["groups"][0]["trajectories"][0]["messages_and_choices"]
+    first = next(i for i, turn in enumerate(turns) if is_choice_dict(turn))
+    at = ("groups", 0, "trajectories", 0, "messages_and_choices", first)
+    route = f"/v1/runs/{model.name}/jobs"
+    answers: Counter[int] = Counter()
+    failures: list[str] = []
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for inside in _places(turns[first], depth=2):
+            for wrong in [*WRONG, REMOVED]:
+                body = _mutated(base, at + inside, wrong)
+                body["idempotency_key"] = f"mutated-{answers.total()}"
+                r = _send(client, route, body)
+                answers[r.status_code // 100] += 1
+                if r.status_code == 202:
+                    client.delete(f"/v1/jobs/{r.json()['job_id']}")
+                if problem := _refusal_problem(r):
+                    failures.append(f"{inside} = {_shown(wrong)}: {problem}")
+    assert failures == [], "\n".join(failures[:10])
+    assert answers[4] > 50 and answers[2] > 5, answers
