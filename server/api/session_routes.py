@@ -169,16 +169,13 @@ _SESSION_ROUTES = ("POST chat/completions, POST responses, GET and DELETE respon
                    "/v1/sessions/{id}/ (or /v1/sessions/{id}/v1/, for a base URL that ends in /v1)")
 
 
-_CATCH_ALL = "/v1/sessions/{session_id}/{rest:path}"
-
-
 # Registered after the chat, Responses and Messages routers (server/app.py), so it only sees what they did not take.
-@router.api_route(_CATCH_ALL, include_in_schema=False,
+@router.api_route("/v1/sessions/{session_id}/{rest:path}", include_in_schema=False,
                   methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 async def no_such_session_route(session_id: SessionId, rest: str, request: Request) -> None:
     # A path a session serves, asked with another method, is a 405 as anywhere else; a path it does not, a 404.
-    served = any(getattr(route, "path", None) != _CATCH_ALL and route.matches(request.scope)[0] is Match.PARTIAL
-                 for route in request.app.routes)
+    # (This route matches its own methods in full, so a partial match is another route's path.)
+    served = any(route.matches(request.scope)[0] is Match.PARTIAL for route in request.app.routes)
     path = f"/v1/sessions/{session_id}/{rest}"
     if served:
         raise APIError(405, f"{path} does not take {request.method}: a session serves {_SESSION_ROUTES}",
