@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import json
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import httpx
 import pytest
@@ -86,10 +86,6 @@ def _refusal_problem(r: httpx.Response) -> str | None:
     return None
 
 
-def _shown(wrong: Any) -> str:
-    return "removed" if wrong is REMOVED else repr(wrong)[:40]
-
-
 def _mutated(body: dict, path: tuple, wrong: Any) -> dict:
     out = copy.deepcopy(body)
     parent = out
@@ -100,6 +96,26 @@ def _mutated(body: dict, path: tuple, wrong: Any) -> dict:
     else:
         parent[path[-1]] = wrong
     return out
+
+
+def _sweep(client: httpx.Client, route: str, base: dict, paths: Iterable[tuple]) -> tuple[Counter[int], list[str]]:
+    """Every copy of `base` with the value at one of `paths` made wrong or removed, sent to `route`:
+    the answers by class (2, 4, 5), and each 5xx or refusal over several lines. A job accepted is
+    cancelled at once (each copy under a key of its own), so nothing trains."""
+    answers: Counter[int] = Counter()
+    failures: list[str] = []
+    for path in paths:
+        for wrong in [*WRONG, REMOVED]:
+            body = _mutated(base, path, wrong)
+            if "idempotency_key" in body:
+                body["idempotency_key"] = f"mutated-{answers.total()}"
+            r = _send(client, route, body)
+            answers[r.status_code // 100] += 1
+            if r.status_code == 202:
+                client.delete(f"/v1/jobs/{r.json()['job_id']}")
+            if problem := _refusal_problem(r):
+                failures.append(f"{path} = {'removed' if wrong is REMOVED else repr(wrong)[:40]}: {problem}")
+    return answers, failures
 
 
 @pytest.fixture(scope="module")
@@ -124,16 +140,9 @@ def faces(server) -> dict[str, dict]:
                                    "/v1/responses"])
 def test_every_value_of_a_valid_request_made_wrong_gets_a_one_line_4xx(server, faces, route):
     base = faces[route]
-    answers: Counter[int] = Counter()
-    failures: list[str] = []
     with httpx.Client(base_url=server.url, timeout=60) as client:
         assert _send(client, route, base).status_code == 200  # the request mutated is valid
-        for path in list(_places(base)):
-            for wrong in [*WRONG, REMOVED]:
-                r = _send(client, route, _mutated(base, path, wrong))
-                answers[r.status_code // 100] += 1
-                if problem := _refusal_problem(r):
-                    failures.append(f"{path} = {_shown(wrong)}: {problem}")
+        answers, failures = _sweep(client, route, base, _places(base))
     assert failures == [], "\n".join(failures[:10])
     assert answers[4] > 100 and answers[2] > 20, answers  # the sweep refused much, and much stayed valid
 
@@ -147,19 +156,8 @@ async def test_every_field_of_an_rl_job_s_sampled_choice_made_wrong_gets_a_one_l
     turns = base["groups"][0]["trajectories"][0]["messages_and_choices"]
     first = next(i for i, turn in enumerate(turns) if is_choice_dict(turn))
     at = ("groups", 0, "trajectories", 0, "messages_and_choices", first)
-    route = f"/v1/runs/{model.name}/jobs"
-    answers: Counter[int] = Counter()
-    failures: list[str] = []
     with httpx.Client(base_url=server.url, timeout=60) as client:
-        for inside in _places(turns[first], depth=2):
-            for wrong in [*WRONG, REMOVED]:
-                body = _mutated(base, at + inside, wrong)
-                body["idempotency_key"] = f"mutated-{answers.total()}"
-                r = _send(client, route, body)
-                answers[r.status_code // 100] += 1
-                if r.status_code == 202:
-                    client.delete(f"/v1/jobs/{r.json()['job_id']}")
-                if problem := _refusal_problem(r):
-                    failures.append(f"{inside} = {_shown(wrong)}: {problem}")
+        answers, failures = _sweep(client, f"/v1/runs/{model.name}/jobs", base,
+                                   (at + inside for inside in _places(turns[first], depth=2)))
     assert failures == [], "\n".join(failures[:10])
     assert answers[4] > 50 and answers[2] > 5, answers

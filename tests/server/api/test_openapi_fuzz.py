@@ -76,12 +76,8 @@ def _fuzz(url: str, mode: GenerationMode, per_route: int,
         def run(case):
             nonlocal sent
             _short(case.body)
-            response = case.call(base_url=url, timeout=120)
             sent += 1
-            seen.setdefault((operation.method.upper(), operation.path), set()).add(response.status_code)
-            if response.status_code >= 500:
-                failures.append(f"{operation.method.upper()} {operation.path} -> {response.status_code}: "
-                                f"{response.text[:300]} for {case.as_curl_command()[:500]}")
+            _answered(operation, case, case.call(base_url=url, timeout=120), seen, failures)
 
         try:
             run()
@@ -92,13 +88,11 @@ def _fuzz(url: str, mode: GenerationMode, per_route: int,
 
 def _coverage_cases(url: str):
     """schemathesis's coverage phase for every route: (operation, case), valid cases and invalid ones."""
-    schema = schemathesis.openapi.from_url(url + "/openapi.json")
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        generation = schema.config.generation_for(operation=operation, phase="coverage")
-        for case in schema.iter_coverage_cases(operation, generation_modes=list(GenerationMode),
-                                               generation_config=generation, extra_data_source=None,
-                                               error_feedback=None, session=None):
+    for operation in _operations(url):
+        generation = operation.schema.config.generation_for(operation=operation, phase="coverage")
+        for case in operation.schema.iter_coverage_cases(operation, generation_modes=list(GenerationMode),
+                                                         generation_config=generation, extra_data_source=None,
+                                                         error_feedback=None, session=None):
             yield operation, case
 
 
@@ -107,6 +101,17 @@ def _no_route(response) -> bool:
     if response.status_code != 404:
         return False
     return response.json()["error"]["code"] == "unknown_route"
+
+
+def _answered(operation, case, response, seen: dict[tuple[str, str], set[int]], failures: list[str]) -> None:
+    """The code an operation answered a case with, kept; a 5xx, a failure. The coverage phase's probes
+    of a method the route lacks answer for another route or none, as does a path with an empty or
+    slashed segment: only their no-5xx counts."""
+    if case.method.upper() == operation.method.upper() and not _no_route(response):
+        seen.setdefault((operation.method.upper(), operation.path), set()).add(response.status_code)
+    if response.status_code >= 500:
+        failures.append(f"{operation.method.upper()} {operation.path} -> {response.status_code}: "
+                        f"{response.text[:300]} for {case.as_curl_command()[:500]}")
 
 
 def _undocumented(url: str, seen: dict[tuple[str, str], set[int]]) -> list[str]:
@@ -147,20 +152,14 @@ async def test_no_boundary_case_of_the_coverage_phase_gets_a_server_error(fuzzed
     def send(operation, case, session) -> None:
         response = case.call(base_url=fuzzed_server.url, session=session, timeout=120)
         sent[response.status_code // 100] += 1
-        # The phase's probes of a method the route lacks answer for another route, or none: only no 5xx holds.
-        # An empty or slashed path segment matches no route: no operation's documented codes apply.
-        if case.method.upper() == operation.method.upper() and not _no_route(response):
-            seen.setdefault((operation.method.upper(), operation.path), set()).add(response.status_code)
-        if response.status_code >= 500:
-            failures.append(f"{operation.method.upper()} {operation.path} -> {response.status_code}: "
-                            f"{response.text[:300]} for {case.as_curl_command()[:500]}")
+        _answered(operation, case, response, seen, failures)
 
     with requests.Session() as session:  # schemathesis sends with requests
         for operation, case in _coverage_cases(fuzzed_server.url):
             _short(case.body)
-            send(operation, case, session)
+            send(operation, case, session)  # as generated
             if _ground(case, "swept"):
-                send(operation, case, session)
+                send(operation, case, session)  # then pointed at the run
     assert failures == [], "\n".join(failures[:10])
     assert sent[2] > 500 and sent[4] > 5000, sent  # valid cases got through, and broken ones were refused
     undocumented = _undocumented(fuzzed_server.url, seen)
