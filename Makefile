@@ -80,7 +80,7 @@ $(RAY_STAMP): $(STAMP)
 	$(call cpu_torch,.venv)
 	touch $(RAY_STAMP)
 
-# The long OpenAPI fuzz: 5,000 generated requests, no 5xx, only documented codes (about 6 minutes
+# The long OpenAPI fuzz: 5,000 generated requests, no 5xx, only documented codes (about 4 minutes
 # here; the main suite runs a shorter one).
 test-fuzz: install
 	ARTISAN_FUZZ_CASES=5000 $(PY) -m pytest -q -ra -s tests/server/api/test_openapi_fuzz.py -k long_fuzz
