@@ -24,13 +24,14 @@ from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
+from openai.types.responses import ResponseIncludable
 
 from server.api import translate
 from server.api.auth import caller, require_api_key
 from server.api.deps import SessionId, State, open_session
 from server.api.errors import documented
 from server.api.limits import GuardedRoute
-from server.api.responses_schemas import ResponsesRequest
+from server.api.responses_schemas import TEXT_LOGPROBS, ResponsesRequest
 from server.harness.responses import StoredResponse
 from server.request_errors import APIError
 from server.sampling import completions
@@ -85,12 +86,21 @@ async def _respond(body: ResponsesRequest, request: Request, state: ServerState,
     return answered
 
 
-@router.get("/v1/responses/{response_id}", responses=documented(404))
+@router.get("/v1/responses/{response_id}", responses=documented(400, 404))
 @router.get("/v1/sessions/{session_id}/responses/{response_id}", include_in_schema=False)
 @router.get("/v1/sessions/{session_id}/v1/responses/{response_id}", include_in_schema=False)
-async def retrieve_response(response_id: str, request: Request, state: State):
-    """A kept response, as it was answered."""
-    return Response(_kept(state, response_id, request).body, media_type="application/json")
+async def retrieve_response(response_id: str, request: Request, state: State,
+                            include: Annotated[list[ResponseIncludable] | None, Query(alias="include[]")] = None,
+                            stream: bool = False):
+    """A kept response, as it was answered; `include` (as the `openai` SDK sends it) can add the
+    text's logprobs to one created without them."""
+    if stream:
+        raise APIError(400, "stream: a kept response is retrieved whole; art-server does not replay its events",
+                       param="stream")
+    kept = _kept(state, response_id, request)
+    if TEXT_LOGPROBS not in (include or ()):
+        return Response(kept.body, media_type="application/json")
+    return _with_text_logprobs(json.loads(kept.body), state.host.chat.text)
 
 
 @router.delete("/v1/responses/{response_id}", responses=documented(404))
@@ -128,6 +138,20 @@ def _kept(state: ServerState, response_id: str, request: Request) -> StoredRespo
     if stored is None:
         raise _not_kept(response_id)
     return stored
+
+
+def _with_text_logprobs(body: dict[str, Any], text_of: Callable[[list[int]], str]) -> dict[str, Any]:
+    """A kept body whose message text carries its tokens' logprobs, as `include` would have given
+    them at creation: the body keeps the sampled ids and their logprobs, the text's are among them."""
+    reasoning = "".join(part["text"] for item in body["output"] if item["type"] == "reasoning"
+                        for part in item.get("content") or [])
+    for item in body["output"]:
+        if item["type"] == "message" and "logprobs" not in item["content"][0]:
+            text = item["content"][0]
+            choice = {"token_ids": body["token_ids"], "logprobs": body["logprobs"],
+                      "message": {"content": text["text"], "reasoning_content": reasoning}}
+            text["logprobs"] = content_logprobs(text_of, choice)
+    return body
 
 
 def _not_kept(response_id: str) -> APIError:

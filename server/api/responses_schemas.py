@@ -22,7 +22,11 @@ from server.sampling.chat_request import (TOOL_NAME, FunctionSpec, RefusedTopK, 
 
 
 class _Item(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # ids, status, annotations: what clients echo back
+    model_config = ConfigDict(extra="ignore")  # status, annotations: what clients echo back
+
+
+class _InputItem(_Item):
+    id: str | None = Field(default=None, max_length=200)  # an echoed item's, which input_items lists it by
 
 
 class TextPart(_Item):
@@ -30,13 +34,13 @@ class TextPart(_Item):
     text: str
 
 
-class MessageItem(_Item):
+class MessageItem(_InputItem):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: Union[str, list[TextPart]]
 
 
-class FunctionCallItem(_Item):
+class FunctionCallItem(_InputItem):
     type: Literal["function_call"]
     call_id: str = Field(min_length=1, max_length=200)
     name: str = Field(pattern=TOOL_NAME.pattern)
@@ -49,7 +53,7 @@ class FunctionCallItem(_Item):
         return v
 
 
-class FunctionCallOutputItem(_Item):
+class FunctionCallOutputItem(_InputItem):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1, max_length=200)
     output: Union[str, list[TextPart]]
@@ -60,7 +64,7 @@ class ReasoningText(_Item):
     text: str
 
 
-class ReasoningItem(_Item):
+class ReasoningItem(_InputItem):
     type: Literal["reasoning"]
     summary: list[ReasoningText] = Field(default_factory=list)
     content: list[ReasoningText] | None = None

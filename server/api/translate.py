@@ -151,7 +151,8 @@ ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output
 
 def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's own input as the Responses items `GET /v1/responses/{id}/input_items` lists:
-    a string is one user message, a message's text is in parts, and each item gets an id."""
+    a string is one user message, a message's text is in parts, and an item keeps the id it was
+    echoed with (an earlier response's output) or gets one."""
     items = ([{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str)
              else [item.model_dump(exclude_none=True) for item in body.input])
     out = []
@@ -161,7 +162,8 @@ def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
             extra = {"annotations": []} if kind == "output_text" else {}
             parts = [{"text": item["content"]}] if isinstance(item["content"], str) else item["content"]
             item["content"] = [{**part, "type": kind, **extra} for part in parts]
-        out.append({"id": f"{ITEM_ID_PREFIX[item['type']]}_{uuid.uuid4().hex[:24]}", **item, "status": "completed"})
+        own_id = item.pop("id", None) or f"{ITEM_ID_PREFIX[item['type']]}_{uuid.uuid4().hex[:24]}"
+        out.append({"id": own_id, **item, "status": "completed"})
     return out
 
 

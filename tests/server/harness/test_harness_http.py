@@ -174,6 +174,32 @@ def test_a_kept_response_is_retrieved_listed_and_deleted_as_openai_does(srv, mod
     assert bad.value.body["param"] == "after"
 
 
+def test_a_retrieve_can_include_the_texts_logprobs_and_echoed_items_keep_their_ids(srv, model_name):
+    sdk = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEYS[0], max_retries=0)
+    ask = dict(model=model_name, input="What does a hat cost?", max_output_tokens=8, extra_body={"seed": 5})
+    included = sdk.responses.create(**ask, include=["message.output_text.logprobs"])
+    plain = sdk.responses.create(**ask)
+    assert plain.output_text == included.output_text  # one sample, asked for twice
+
+    def text(response):
+        [message] = [item for item in response.output if item.type == "message"]
+        return message.content[0]
+
+    assert text(sdk.responses.retrieve(plain.id)).logprobs is None  # as it was answered
+    later = sdk.responses.retrieve(plain.id, include=["message.output_text.logprobs"])
+    assert text(later).logprobs == text(included).logprobs and len(text(later).logprobs) > 0
+    with pytest.raises(openai.BadRequestError) as streamed:
+        sdk.responses.retrieve(plain.id, stream=True)
+    assert streamed.value.body["param"] == "stream"
+
+    echoed = sdk.responses.create(model=model_name, max_output_tokens=4, tools=[TOOL], input=[
+        {"role": "user", "content": "And a cap?"},
+        {"type": "function_call", "id": "fc_echoed", "call_id": "c1", "name": "lookup", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "7"}])
+    ids = [i.id for i in sdk.responses.input_items.list(echoed.id, order="asc").data]
+    assert ids[1] == "fc_echoed" and ids[0].startswith("msg_") and ids[2].startswith("fco_")
+
+
 async def test_a_session_belongs_to_its_key_and_trains_from_what_was_recorded(srv, http, model_name):
     body = {"model": model_name, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
     for seed, sid in enumerate(("owned-a", "owned-b")):
