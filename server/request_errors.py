@@ -10,6 +10,15 @@ if TYPE_CHECKING:
     from server.harness.sessions import SessionError
 
 
+class ParamError(ValueError):
+    """A request model's check across fields, naming the field to blame: pydantic places a
+    model-level error at the model, and the 400 then names `param` under it."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None):

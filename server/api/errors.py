@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol.jobs import JOB_KINDS
-from server.request_errors import APIError
+from server.request_errors import APIError, ParamError
 
 log = logging.getLogger("artisan.api")
 
@@ -141,10 +141,13 @@ def install(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return _for(request, error_response(
                 400, f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".strip(), code="invalid_json"))
-        param = _loc(tuple(first.get("loc", ())))
-        msg = first.get("msg", "invalid value")
-        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-        return _for(request, error_response(400, f"{param}: {msg}{more}" if param else f"{msg}{more}", param,
+        raised = first.get("ctx", {}).get("error")  # a validator's own exception, worded for the client
+        blamed = (raised.param,) if isinstance(raised, ParamError) else ()
+        param = _loc((*first.get("loc", ()), *blamed))
+        msg = str(raised) if isinstance(raised, ValueError) and str(raised) else first.get("msg", "invalid value")
+        more = f" (and {len(errors) - 1} more problem{'s' * (len(errors) > 2)})" if len(errors) > 1 else ""
+        named = param is None or msg.startswith(param + " ")  # "top_logprobs requires ...": said once
+        return _for(request, error_response(400, f"{msg}{more}" if named else f"{param}: {msg}{more}", param,
                                             "invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from protocol.choices import INT64
 from protocol.nesting import check_arguments
+from server.request_errors import ParamError
 from server.sampling.chat_request import (MAX_STOPS, TOOL_NAME, RefusedTopK, ResponseFormat, object_schema,
                                          own_tools_only, refused)
 
@@ -152,11 +153,11 @@ class MessagesRequest(BaseModel):
     def _check(self) -> "MessagesRequest":
         choice = self.tool_choice
         if choice is not None and choice.type == "tool" and choice.name not in {t.name for t in self.tools or []}:
-            raise ValueError(f"tool_choice names {choice.name!r}, which is not among the tools")
+            raise ParamError("tool_choice", f"tool_choice names {choice.name!r}, which is not among the tools")
         if choice is not None and choice.type == "any" and not self.tools:
-            raise ValueError("tool_choice 'any' needs tools")
+            raise ParamError("tool_choice", "tool_choice 'any' needs tools")
         if self.output_format is not None and self.output_config is not None and self.output_config.format is not None:
-            raise ValueError("give the format in output_config.format or in output_format, not both")
+            raise ParamError("output_format", "give the format in output_config.format or in output_format, not both")
         return self
 
     def response_format(self) -> ResponseFormat | None:

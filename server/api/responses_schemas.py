@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from protocol.choices import INT64
 from protocol.nesting import check_arguments
+from server.request_errors import ParamError
 from server.sampling.chat_request import (TOOL_NAME, FunctionSpec, RefusedTopK, ResponseFormat, own_tools_only,
                                           refused)
 
@@ -174,7 +175,8 @@ class ResponsesRequest(BaseModel):
     def _check(self) -> "ResponsesRequest":
         if isinstance(self.tool_choice, NamedFunctionChoice) and \
                 self.tool_choice.name not in {t.name for t in self.tools or []}:
-            raise ValueError(f"tool_choice names {self.tool_choice.name!r}, which is not among the tools")
+            raise ParamError("tool_choice",
+                             f"tool_choice names {self.tool_choice.name!r}, which is not among the tools")
         if self.tool_choice == "required" and not self.tools:
-            raise ValueError("tool_choice 'required' needs tools")
+            raise ParamError("tool_choice", "tool_choice 'required' needs tools")
         return self

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from protocol.choices import INT64
 from protocol.logprobs import MAX_TOP_K
+from server.request_errors import ParamError
 from server.sampling.chat_request import OpenAISampling
 
 TokenIds = list[Annotated[int, Field(ge=0, le=INT64)]]
@@ -41,11 +42,11 @@ class TextCompletionRequest(OpenAISampling):
     @model_validator(mode="after")
     def _check(self) -> "TextCompletionRequest":
         if self.best_of not in (None, self.n):
-            raise ValueError("best_of is not supported: every sample is returned (use n)")
+            raise ParamError("best_of", "best_of is not supported: every sample is returned (use n)")
         if self.max_tokens == 0 and not self.echo:
-            raise ValueError("max_tokens 0 generates nothing; it is only meaningful with echo")
+            raise ParamError("max_tokens", "max_tokens 0 generates nothing; it is only meaningful with echo")
         if self.stream and len(self.prompts()) > 1:
-            raise ValueError("a streamed request takes one prompt; send the others as requests of their own")
+            raise ParamError("prompt", "a streamed request takes one prompt; send the others as requests of their own")
         return self
 
     def prompts(self) -> list[str | list[int]]:

@@ -17,6 +17,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationIn
 from protocol.choices import INT64
 from protocol.nesting import check_message_calls
 from server.chat.tool_calls import ToolSchemas, tool_schemas
+from server.request_errors import ParamError
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 64
@@ -254,7 +255,7 @@ class VLLMSampling(NeutralKnobs):
         if not isinstance(data, dict) or not any(data.get(k) is not None for k in GUIDED):
             return data
         if data.get("structured_outputs") is not None:
-            raise ValueError("give structured_outputs or vLLM's older guided_* keys, not both")
+            raise ParamError("structured_outputs", "give structured_outputs or vLLM's older guided_* keys, not both")
         guided = {GUIDED[k]: data[k] for k in GUIDED if data.get(k) is not None}
         return {**{k: v for k, v in data.items() if k not in GUIDED}, "structured_outputs": guided}
 
@@ -325,17 +326,17 @@ class ChatCompletionRequest(OpenAISampling):
     @model_validator(mode="after")
     def _check(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs: true")
+            raise ParamError("top_logprobs", "top_logprobs requires logprobs: true")
         named = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
         if named is not None and named not in {t.function.name for t in self.tools or []}:
-            raise ValueError(f"tool_choice names {named!r}, which is not among the tools")
+            raise ParamError("tool_choice", f"tool_choice names {named!r}, which is not among the tools")
         if self.tool_choice == "required" and not self.tools:
-            raise ValueError("tool_choice 'required' needs tools")
+            raise ParamError("tool_choice", "tool_choice 'required' needs tools")
         constrained = (self.tool_choice == "required" or named is not None
                        or (self.response_format is not None and self.response_format.type != "text"))
         if self.structured_outputs is not None and constrained:
-            raise ValueError("structured_outputs cannot be combined with response_format or a forced tool call: "
-                             "give one constraint")
+            raise ParamError("structured_outputs", "structured_outputs cannot be combined with response_format "
+                                                   "or a forced tool call: give one constraint")
         if self.reasoning_effort is not None:  # chat_template_kwargs, where it names one, wins
             self.chat_template_kwargs = {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
         return self

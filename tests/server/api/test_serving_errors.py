@@ -71,7 +71,7 @@ BAD_BODIES = {
     "max_completion_tokens_zero": ({"max_completion_tokens": 0}, 400, "max_completion_tokens", None),
     "seed_beyond_int64": ({"seed": 2**64}, 400, "seed", None),
     "too_many_stops": ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
-    "top_logprobs_without_logprobs": ({"top_logprobs": 3}, 400, None, None),
+    "top_logprobs_without_logprobs": ({"top_logprobs": 3}, 400, "top_logprobs", None),
     "top_logprobs_too_many": ({"logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", None),
     "empty_messages": ({"messages": []}, 400, "messages", None),
     "tool_message_first": ({"messages": [{"role": "tool", "tool_call_id": "x", "content": "r"}]},
@@ -112,6 +112,38 @@ def test_bad_request_gets_an_openai_error_and_the_server_goes_on(server, name):
     err = assert_error(resp, status, param, code)
     assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
     assert_still_serving(server.url)
+
+
+# A check across fields (a model validator) names the field to blame, on every face; (path, body, param).
+CROSS_FIELD = [
+    ("/v1/chat/completions", {**GOOD, "tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {**GOOD, "structured_outputs": {"regex": "a"}, "guided_regex": "b"}, "structured_outputs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "best_of": 2}, "best_of"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"], "stream": True}, "prompt"),
+    ("/v1/responses", {"model": MODEL, "input": "hi", "tool_choice": "required"}, "tool_choice"),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
+                      "tool_choice": {"type": "any"}}, "tool_choice"),
+    ("/v1/chat/completions", {**GOOD, "response_format": {"type": "json_schema"}}, "response_format"),
+]
+
+
+@pytest.mark.parametrize("path, body, param", CROSS_FIELD)
+def test_a_check_across_fields_names_the_field_in_its_own_words(server, path, body, param):
+    resp = httpx.post(server.url + path, json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]  # Anthropic's body wraps it too, beside its "type"
+    assert err["param"] == param and err["message"].startswith((param + " ", param + ": ")), err
+    assert "Value error" not in err["message"] and "\n" not in err["message"], err
+
+
+def test_the_problems_beyond_the_first_are_counted(server):
+    one_more = assert_error(httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                                       json={**GOOD, "temperature": "hot", "top_p": "high"}), 400)
+    assert one_more["message"].endswith("(and 1 more problem)"), one_more
+    two_more = assert_error(httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                                       json={**GOOD, "temperature": "hot", "top_p": "high", "n": "two"}), 400)
+    assert two_more["message"].endswith("(and 2 more problems)"), two_more
 
 
 @pytest.mark.parametrize("raw", [b'{"model": "artisan-tiny", "messages": [', b"not json at all", b"\xff\xfe"])
