@@ -109,6 +109,12 @@ def counted(body: dict[str, Any], problems: int) -> dict[str, Any]:
     return out
 
 
+# In this order: the session catch-all (session_routes) sees only what the routers before it did not take.
+ROUTERS = (openai_routes.router, generate_routes.router, text_completions_routes.router, logprobs_routes.router,
+           tokenize_routes.router, responses_routes.router, messages_routes.router, session_routes.router,
+           training_routes.router, ui_routes.router, jsonl_routes.router, exporter_routes.router)
+
+
 def create_app(settings: Settings) -> FastAPI:
     state = build_state(settings)
 
@@ -129,7 +135,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="art-server", lifespan=lifespan)
     app.state.settings = settings
     app.state.artisan = state
-    errors.install(app)
+    errors.install(app, ROUTERS)
     limits.install(app, settings)
 
     @app.get("/health", responses={503: {"description": "the engine is down"}})
@@ -144,16 +150,6 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse(body if who is not None and who.admin else counted(body, len(found)),
                             status_code=200 if alive else 503)
 
-    app.include_router(openai_routes.router)
-    app.include_router(generate_routes.router)
-    app.include_router(text_completions_routes.router)
-    app.include_router(logprobs_routes.router)
-    app.include_router(tokenize_routes.router)
-    app.include_router(responses_routes.router)
-    app.include_router(messages_routes.router)
-    app.include_router(session_routes.router)
-    app.include_router(training_routes.router)
-    app.include_router(ui_routes.router)
-    app.include_router(jsonl_routes.router)
-    app.include_router(exporter_routes.router)
+    for router in ROUTERS:
+        app.include_router(router)
     return app

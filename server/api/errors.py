@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Sequence
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from protocol.jobs import JOB_KINDS
 from server.request_errors import APIError, ParamError
 
 log = logging.getLogger("artisan.api")
+
+CATCH_ALL = "catch_all"  # a route's name: it takes any path to say what is there instead, so its methods are none of a path's
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
           409: "conflict_error", 413: "invalid_request_error", 422: "invalid_request_error",
@@ -127,12 +131,23 @@ def _loc(loc: tuple) -> str | None:
     return out
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, routers: Sequence[APIRouter] = ()) -> None:
+    """The error handlers of `app`, whose routes are its own and those of `routers` (included in it)."""
     publish_error_codes(app)
+
+    def allow(request: Request) -> dict[str, str]:
+        """A 405's Allow header, every method a route at this path takes (RFC 9110): Starlette names
+        only the first route that matched the path, and an included router's routes are not among
+        `app.routes` (FastAPI wraps each router in one route), so they are read from the routers."""
+        routes = [*app.routes, *(route for router in routers for route in router.routes)]
+        methods = {m for route in routes if getattr(route, "name", None) != CATCH_ALL
+                   and route.matches(request.scope)[0] is not Match.NONE for m in getattr(route, "methods", None) or ()}
+        return {"Allow": ", ".join(sorted(methods))} if methods else {}
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return _for(request, error_response(exc.status, exc.message, exc.param, exc.code, exc.headers))
+        headers = {**allow(request), **(exc.headers or {})} if exc.status == 405 else exc.headers
+        return _for(request, error_response(exc.status, exc.message, exc.param, exc.code, headers))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -154,7 +169,7 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 405:
             return error_response(405, f"{request.url.path} does not take {request.method}",
-                                  code="method_not_allowed", headers=exc.headers)
+                                  code="method_not_allowed", headers=allow(request) or exc.headers)
         if exc.status_code == 404 and exc.detail == "Not Found":  # the router's: no path matched
             return error_response(404, f"no route {request.method} {request.url.path}", code="unknown_route")
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))

@@ -26,7 +26,7 @@ from protocol.jobs import JointSessionJob, RLJob, ScoredSession, SessionJob
 from protocol.trajectory import Trajectory, TrajectoryGroup
 from server.api.auth import CallerDep, caller, require_api_key
 from server.api.deps import RunDep, SessionId, State
-from server.api.errors import documented
+from server.api.errors import CATCH_ALL, documented
 from server.api.limits import GuardedRoute
 from server.api.training_routes import (LeaseChecked, LeaseHeader, accepted, check_job, joint_part, key_reused,
                                         queue_job, queue_together)
@@ -170,7 +170,7 @@ _SESSION_ROUTES = ("POST chat/completions, POST responses, GET and DELETE respon
 
 
 # Registered after the chat, Responses and Messages routers (server/app.py), so it only sees what they did not take.
-@router.api_route("/v1/sessions/{session_id}/{rest:path}", include_in_schema=False,
+@router.api_route("/v1/sessions/{session_id}/{rest:path}", include_in_schema=False, name=CATCH_ALL,
                   methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 async def no_such_session_route(session_id: SessionId, rest: str, request: Request) -> None:
     # A path a session serves, asked with another method, is a 405 as anywhere else; a path it does not, a 404.

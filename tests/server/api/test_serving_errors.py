@@ -238,6 +238,17 @@ def test_a_method_a_path_does_not_take_is_the_client_s_error_in_one_line(server)
     assert error["type"] == "invalid_request_error" and error["message"] == "/v1/models does not take PUT"
 
 
+@pytest.mark.parametrize("method, path, allow", [
+    ("PUT", "/v1/responses/resp_x", "DELETE, GET"),  # two routes at one path, each with one method
+    ("POST", "/health", "GET"),  # the app's own route
+    ("PUT", "/v1/sessions/s1/responses/resp_x", "DELETE, GET"),  # under a session: not the catch-all's methods
+    ("OPTIONS", "/v1/sessions/s1/v1/responses", "POST"),
+    ("GET", "/v1/chat/completions", "POST")])
+def test_a_405_names_every_method_the_path_takes(server, method, path, allow):
+    resp = httpx.request(method, server.url + path, timeout=30)
+    assert resp.status_code == 405 and resp.headers["allow"] == allow, (resp.headers, resp.text)
+
+
 # ---- auth ---------------------------------------------------------------------------------------
 
 def test_api_key_is_required_on_every_route_but_health(fresh_server):
