@@ -23,7 +23,8 @@ from server.request_errors import APIError, ParamError
 
 log = logging.getLogger("artisan.api")
 
-CATCH_ALL = "catch_all"  # a route's name: it takes any path to say what is there instead, so its methods are none of a path's
+# The name of a route that takes any path to say what is there instead: its methods are none of a path's.
+CATCH_ALL = "catch_all"
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
           409: "conflict_error", 413: "invalid_request_error", 422: "invalid_request_error",
