@@ -130,9 +130,11 @@ def read_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED) -> 
             if there in left:
                 returns += 1
                 run_returns += run_related(there, related)
+    # Per function read: a walk that runs more code has more to return to, however the code is laid out.
     return {"doors": dict(doors.most_common()), "max_doors": max(doors.values(), default=0),
             "moves": moves, "returns": returns, "run_returns": run_returns,
-            "modules": len({m for path in paths.values() for m in path})}
+            "modules": len({m for path in paths.values() for m in path}), "functions": len(seen),
+            "returns_per_function": round(returns / max(len(seen), 1), 3)}
 
 
 def outermost(function: str) -> str:
@@ -323,8 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     if baseline:
         # Only what does not depend on module names: an older commit kept a run's state in other modules.
         base = measure_at(baseline)
-        line["baseline"] = {"rev": base["rev"], "functions": base["functions"],
-                            **{k: base["read"][k] for k in ("moves", "returns", "modules")}}
+        line["baseline"] = {"rev": base["rev"], **{k: base["read"].get(k) for k in (
+            "moves", "returns", "modules", "functions", "returns_per_function")}}
         line["returns_vs_baseline"] = round(line["read"]["returns"] / max(base["read"]["returns"], 1), 2)
     print(json.dumps({**line, "how": HOW}))
 

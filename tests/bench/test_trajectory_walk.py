@@ -81,6 +81,7 @@ def test_a_reader_reads_each_function_once_and_counts_doors_moves_and_returns_pe
     assert read["doors"] == {"server.training.commit": 2, "server.runs.facade": 1}
     assert read["max_doors"] == 2
     assert (read["moves"], read["returns"], read["run_returns"], read["modules"]) == (6, 2, 1, 6)
+    assert (read["functions"], read["returns_per_function"]) == (8, 0.25)
 
 
 def test_a_functions_comprehensions_and_closures_are_read_with_it_not_as_returns():
