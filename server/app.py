@@ -71,7 +71,7 @@ def build_state(settings: Settings) -> ServerState:
     mib = 2**20
     runs = Runs(host, engine, served, data_dir, Owners(store),
                 adapter_memory=settings.adapter_memory_mb * mib if settings.adapter_memory_mb else None,
-                memory_reserve=settings.memory_reserve_mb * mib, store=store)
+                memory_reserve=settings.memory_reserve_mb * mib)
     jobs = JobManager(runs, store, queue, settings.keep_trajectory_steps, time_limit=settings.job_time_limit,
                       max_optimizer_steps=settings.max_job_optimizer_steps,
                       optimize_step=make_optimizer(settings, host))

@@ -65,7 +65,7 @@ async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, A
         raise APIError(400, state.host.untrainable, param="base_model", code="model_not_trainable")
     try:  # the name is claimed first, so two keys creating it at once cannot both get it
         claimed = state.runs.owners.claim(spec.name, who.owner, who.admin, state.settings.max_runs_per_key,
-                                          spec.project, spec.model_dump())
+                                          spec.project)
     except NameTaken:
         raise _name_taken(spec.name)
     except RunLimit as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol.config import RunSpec
 from protocol.names import run_of
@@ -19,9 +19,6 @@ from server.runs.run import Run
 from server.runs.saved_steps import SavedSteps
 from server.runs.served_steps import ServedSteps
 from server.sampling.served_names import Policy, ServedModels
-
-if TYPE_CHECKING:
-    from server.store import Store
 
 
 class NotServed(LookupError):
@@ -45,13 +42,13 @@ class Runs:
     """
 
     def __init__(self, host: ModelHost, engine: Engine, served: ServedModels, data_dir: Path, owners: Owners,
-                 adapter_memory: int | None = None, memory_reserve: int = 0, store: Store | None = None):
+                 adapter_memory: int | None = None, memory_reserve: int = 0):
         lock = threading.RLock()  # one for the runs table and every run's served names
         table: dict[str, Run] = {}
         self.serving = ServedSteps(host, engine, served, lock, table.get)
         self.saved = SavedSteps(host, self.serving)  # a run's checkpoints: listed, deleted, pruned
         self.registry = RunRegistry(host, engine, data_dir, table, lock, self.serving, self.saved,
-                                    adapter_memory, memory_reserve, store)
+                                    adapter_memory, memory_reserve)
         self.leases = Leases()  # which client trains each run (server/runs/leases.py)
         self.owners = owners  # who created each run: a tenant sees only its own
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from server.store import Store
 
@@ -55,8 +54,7 @@ class Owners:
         A run with no recorded owner (the admin's, or one from before tenant keys) is the admin's."""
         return who.tenant is None or self._owners.get(name) == who.tenant
 
-    def claim(self, name: str, owner: str | None, admin: bool, limit: int, project: str,
-              spec: dict[str, Any]) -> bool:
+    def claim(self, name: str, owner: str | None, admin: bool, limit: int, project: str) -> bool:
         """Record `owner` as the creator of run `name` unless it is taken; True when this call
         recorded it (a run to make), False when the name was already the owner's."""
         with self._lock:
@@ -68,7 +66,7 @@ class Owners:
             if have >= limit:
                 raise RunLimit(f"this key has {have} runs, the most one key may create (art-server "
                                f"--max-runs-per-key {limit}); delete one, or use another name for an existing run")
-            self._store.runs.add(name, project, spec, owner)
+            self._store.runs.add(name, project, owner)
             self._owners[name] = owner
             return True
 

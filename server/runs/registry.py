@@ -7,7 +7,6 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,8 +22,6 @@ from server.runs.saved_steps import SavedSteps
 from server.runs.served_steps import ServedSteps
 from server.training import bounds
 
-if TYPE_CHECKING:
-    from server.store import Store
 
 log = logging.getLogger("artisan.runs")
 
@@ -32,8 +29,8 @@ log = logging.getLogger("artisan.runs")
 class RunRegistry:
     def __init__(self, host: ModelHost, engine: Engine, data_dir: Path, table: dict[str, Run],
                  lock: threading.RLock, serving: ServedSteps, saved: SavedSteps, adapter_memory: int | None = None,
-                 memory_reserve: int = 0, store: Store | None = None):
-        self.host, self.engine, self.store = host, engine, store
+                 memory_reserve: int = 0):
+        self.host, self.engine = host, engine
         self.serving, self.saved = serving, saved
         self.adapter_memory, self.memory_reserve = adapter_memory, memory_reserve
         self.root = Path(data_dir) / "runs"
@@ -225,8 +222,8 @@ class RunRegistry:
         return run
 
     def _record_base(self, spec: RunRecord, on_disk: RunRecord | None, create: bool) -> None:
-        """run.json and the store say which base model the run belongs to (a run from before they
-        did, found to fit, is recorded as this model's from now on)."""
+        """run.json says which base model the run belongs to (a run from before it did, found to
+        fit, is recorded as this model's from now on)."""
         host, recorded = self.host, on_disk if on_disk and on_disk.base_fingerprint else None
         base = recorded.base_model if recorded else host.name
         if recorded is not None and base not in host.aliases:  # the same shapes under another name
@@ -234,5 +231,3 @@ class RunRegistry:
         if create or recorded is None:  # a registration's settings are what the checkpoints were found to fit
             base_models.write_record(self.root / spec.name, spec.model_copy(
                 update={"base_model": base, "base_fingerprint": host.base_fingerprint}))
-        if self.store is not None:
-            self.store.runs.record_base(spec.name, base, host.base_fingerprint)

@@ -1,8 +1,10 @@
-"""The runs table: each run's name, project, spec, owner and base model."""
+"""The runs table: which runs the store holds data of, under which project, and who created each
+(a tenant's name; NULL for the admin). A run's own record, its spec and base model, is its
+run.json, beside its checkpoints (server/runs/base_models.py): this table keeps nothing of it, so
+the two cannot disagree, and a run whose folder is gone is still listed with its stored steps."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -13,20 +15,15 @@ class Runs:
     def __init__(self, db: Database):
         self._db = db
 
-    def add(self, name: str, project: str, spec: dict[str, Any], owner: str | None = None) -> None:
-        self._db.write([("INSERT OR IGNORE INTO runs (name, project, spec, created, owner) VALUES (?, ?, ?, ?, ?)",
-                         (name, project, json.dumps(spec), time.time(), owner))])
-
-    def record_base(self, name: str, base_model: str, fingerprint: str) -> None:
-        self._db.write([("UPDATE runs SET base_model = ?, base_fingerprint = ? WHERE name = ?",
-                         (base_model, fingerprint, name))])
+    def add(self, name: str, project: str, owner: str | None = None) -> None:
+        self._db.write([("INSERT OR IGNORE INTO runs (name, project, created, owner) VALUES (?, ?, ?, ?)",
+                         (name, project, time.time(), owner))])
 
     def forget(self, name: str) -> None:
         self._db.write([("DELETE FROM runs WHERE name = ?", (name,))])
 
     def all(self) -> list[dict[str, Any]]:
-        return self._db.rows("SELECT name, project, spec, created, owner, base_model, base_fingerprint FROM runs "
-                             "ORDER BY created")
+        return self._db.rows("SELECT name, project, created, owner FROM runs ORDER BY created")
 
     def delete(self, name: str) -> None:
         """Everything stored of a run, in one transaction: a run made again under its name starts empty

@@ -59,4 +59,10 @@ MIGRATIONS: list[str] = [
     CREATE TABLE kept_responses (id TEXT PRIMARY KEY, owner TEXT, model TEXT, created REAL, body TEXT,
                                  messages TEXT, input_items TEXT);
     """,
+    # 9: a run's spec and base model are its run.json's alone (server/runs/base_models.py), not copied here too
+    """
+    ALTER TABLE runs DROP COLUMN spec;
+    ALTER TABLE runs DROP COLUMN base_model;
+    ALTER TABLE runs DROP COLUMN base_fingerprint;
+    """,
 ]

@@ -18,12 +18,28 @@ def _traj(reward: float) -> dict:
 def test_schema_is_migrated_once_and_survives_reopening(tmp_path):
     path = tmp_path / "s.sqlite"
     store = Store(path)
-    store.runs.add("r", "p", {"name": "r"})
+    store.runs.add("r", "p")
     again = Store(path)
     assert [r["name"] for r in again.runs.all()] == ["r"]
     db = sqlite3.connect(path)
     assert db.execute("SELECT version FROM schema_version").fetchall() == [(len(MIGRATIONS),)]
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_run_recorded_before_migration_9_keeps_its_owner_and_project_not_its_spec(tmp_path):
+    path = tmp_path / "s.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    for sql in MIGRATIONS[:8]:  # a data dir written before run.json became the one record of a run
+        for statement in (s for s in sql.split(";") if s.strip()):
+            db.execute(statement)
+    db.execute("CREATE TABLE schema_version (version INTEGER)")
+    db.execute("INSERT INTO schema_version VALUES (8)")
+    db.execute("INSERT INTO runs (name, project, spec, created, owner, base_model, base_fingerprint) "
+               "VALUES ('r', 'p', '{}', 1.0, 'alice', 'artisan-tiny', 'abc')")
+    db.close()
+    assert Store(path).runs.all() == [{"name": "r", "project": "p", "created": 1.0, "owner": "alice"}]
+    columns = [c[1] for c in sqlite3.connect(path).execute("PRAGMA table_info(runs)")]
+    assert columns == ["name", "project", "created", "owner"]
 
 
 def test_non_finite_metrics_are_stored_as_null(tmp_path):
