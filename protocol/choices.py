@@ -13,6 +13,8 @@ from typing import Any, Union
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from protocol.validation import first_problem
+
 Message = dict[str, Any]
 MessageOrChoice = Union[Choice, Message]
 INT64 = 2**63 - 1
@@ -85,6 +87,5 @@ def check_choice_numbers(choice: Choice, where: str) -> None:
     try:
         choice_sampling(choice)  # validates the record when present
     except ValidationError as e:  # one line naming the field, not pydantic's report
-        first = e.errors()[0]
-        field = ".".join(["sampling", *map(str, first["loc"])])
-        raise ValueError(f"{where}: {field}: {first['msg']}") from None
+        field, why = first_problem(e)
+        raise ValueError(f"{where}: {'.'.join(filter(None, ('sampling', field)))}: {why}") from None

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from protocol.choices import INT64
 from protocol.trajectory import Trajectory
+from protocol.validation import first_problem
 from server.api.auth import require_api_key
 from server.api.deps import RunDep, State
 from server.api.errors import documented
@@ -53,8 +54,7 @@ async def export_jsonl(run: RunDep, state: State, step: int | None = Query(None,
 
 def _why(e: Exception) -> str:
     if isinstance(e, ValidationError):
-        err = e.errors()[0]
-        return f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err['msg']}"
+        return "{}: {}".format(*first_problem(e))
     if isinstance(e, RecursionError):
         return "nested too deeply"
     return str(e).splitlines()[0][:300]

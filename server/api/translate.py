@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from protocol import translation
 from protocol.translation import Translated, TranslationError
+from protocol.validation import first_problem
 from server.api.messages_schemas import MessagesRequest
 from server.api.responses_schemas import ResponsesRequest
 from server.chat.validate import RenderError, validate_messages
@@ -115,8 +116,8 @@ def _chat_request(**fields: Any) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as e:
-        first = e.errors()[0]
-        raise TranslationError(".".join(str(p) for p in first["loc"]) or "body", first["msg"])
+        field, why = first_problem(e)
+        raise TranslationError(field or "body", why)
 
 
 # ---- the way back -------------------------------------------------------------------------------
