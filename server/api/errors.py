@@ -132,23 +132,26 @@ def _loc(loc: tuple) -> str | None:
     return out
 
 
+def allow_header(request: Request) -> dict[str, str]:
+    """A 405's Allow header: every method a route at the request's path takes (RFC 9110), {} where
+    none does. Starlette names only the first route that matched the path, and an included router's
+    routes are not among `app.routes` (FastAPI wraps each router in one route), so they are read
+    from the routers `install` was given."""
+    app = request.app
+    routes = [*app.routes, *(route for router in app.state.routers for route in router.routes)]
+    methods = {m for route in routes if getattr(route, "name", None) != CATCH_ALL
+               and route.matches(request.scope)[0] is not Match.NONE for m in getattr(route, "methods", None) or ()}
+    return {"Allow": ", ".join(sorted(methods))} if methods else {}
+
+
 def install(app: FastAPI, routers: Sequence[APIRouter] = ()) -> None:
     """The error handlers of `app`, whose routes are its own and those of `routers` (included in it)."""
     publish_error_codes(app)
-
-    def allow(request: Request) -> dict[str, str]:
-        """A 405's Allow header, every method a route at this path takes (RFC 9110): Starlette names
-        only the first route that matched the path, and an included router's routes are not among
-        `app.routes` (FastAPI wraps each router in one route), so they are read from the routers."""
-        routes = [*app.routes, *(route for router in routers for route in router.routes)]
-        methods = {m for route in routes if getattr(route, "name", None) != CATCH_ALL
-                   and route.matches(request.scope)[0] is not Match.NONE for m in getattr(route, "methods", None) or ()}
-        return {"Allow": ", ".join(sorted(methods))} if methods else {}
+    app.state.routers = tuple(routers)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        headers = {**allow(request), **(exc.headers or {})} if exc.status == 405 else exc.headers
-        return _for(request, error_response(exc.status, exc.message, exc.param, exc.code, headers))
+        return _for(request, error_response(exc.status, exc.message, exc.param, exc.code, exc.headers))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -170,7 +173,7 @@ def install(app: FastAPI, routers: Sequence[APIRouter] = ()) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 405:
             return error_response(405, f"{request.url.path} does not take {request.method}",
-                                  code="method_not_allowed", headers=allow(request) or exc.headers)
+                                  code="method_not_allowed", headers=allow_header(request) or exc.headers)
         if exc.status_code == 404 and exc.detail == "Not Found":  # the router's: no path matched
             return error_response(404, f"no route {request.method} {request.url.path}", code="unknown_route")
         return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))

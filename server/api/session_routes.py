@@ -20,13 +20,12 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from starlette.routing import Match
 
 from protocol.jobs import JointSessionJob, RLJob, ScoredSession, SessionJob
 from protocol.trajectory import Trajectory, TrajectoryGroup
 from server.api.auth import CallerDep, caller, require_api_key
 from server.api.deps import RunDep, SessionId, State
-from server.api.errors import CATCH_ALL, documented
+from server.api.errors import CATCH_ALL, allow_header, documented
 from server.api.limits import GuardedRoute
 from server.api.training_routes import (LeaseChecked, LeaseHeader, accepted, check_job, joint_part, key_reused,
                                         queue_job, queue_together)
@@ -174,10 +173,8 @@ _SESSION_ROUTES = ("POST chat/completions, POST responses, GET and DELETE respon
                   methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 async def no_such_session_route(session_id: SessionId, rest: str, request: Request) -> None:
     # A path a session serves, asked with another method, is a 405 as anywhere else; a path it does not, a 404.
-    # (This route matches its own methods in full, so a partial match is another route's path.)
-    served = any(route.matches(request.scope)[0] is Match.PARTIAL for route in request.app.routes)
     path = f"/v1/sessions/{session_id}/{rest}"
-    if served:
+    if allow := allow_header(request):
         raise APIError(405, f"{path} does not take {request.method}: a session serves {_SESSION_ROUTES}",
-                       code="method_not_allowed")
+                       code="method_not_allowed", headers=allow)
     raise APIError(404, f"no route {request.method} {path}: a session serves {_SESSION_ROUTES}", code="unknown_route")
