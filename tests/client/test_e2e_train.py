@@ -29,10 +29,12 @@ def test_client_train_runs_logs_plots_and_resumes(fresh_server, tmp_path):
         wall, *parts = map(float, re.search(r"\| (\S+)s \(sample (\S+), score (\S+), queue (\S+), train (\S+)\)$",
                                             line).groups())
         sample, score, queue, train = parts
-        assert sample > 0 and train > 0 and sum(parts) <= wall + 0.3, line
+        # an attempt that drew no trainable group may never reach the trainer
+        trained = " not trained " not in line
+        assert sample > 0 and (train > 0 or not trained) and sum(parts) <= wall + 0.3, line
     summary = json.loads((out / "summary.json").read_text())
     for h in summary["history"]:
-        assert h["queue_seconds"] is not None and h["timing"]["train_seconds"] > 0
+        assert h["queue_seconds"] is not None and (h["timing"]["train_seconds"] > 0 or not h["trained"])
     assert {"eval_reward_before", "eval_reward_after", "steps", "seconds"} <= set(summary)
     assert summary["steps"] == 2 and [e["step"] for e in summary["evals"]] == [0, 2]
     assert all(0.0 <= e["reward"] <= 1.0 for e in summary["evals"])
