@@ -63,30 +63,20 @@ async def create_run(spec: RunSpec, state: State, who: CallerDep) -> dict[str, A
         raise APIError(400, f"this server hosts {state.host.name!r}, not {spec.base_model!r}", param="base_model")
     if state.host.untrainable:
         raise APIError(400, state.host.untrainable, param="base_model", code="model_not_trainable")
-    try:  # the name is claimed first, so two keys creating it at once cannot both get it
-        claimed = state.runs.owners.claim(spec.name, who.owner, who.admin, state.settings.max_runs_per_key,
-                                          spec.project)
-    except NameTaken:
-        raise _name_taken(spec.name)
-    except RunLimit as e:
-        raise APIError(403, str(e), param="name", code="run_limit_reached")
     try:
-        run, created = await asyncio.to_thread(state.runs.get_or_create, spec)
-    except BaseException as e:
-        if claimed:
-            state.runs.owners.release(spec.name)
-        if isinstance(e, OtherModel):
-            raise other_model(str(e)) from None
-        if isinstance(e, RunConflict):
-            raise APIError(409, str(e), param=e.param, code=e.code) from None
-        if isinstance(e, bounds.TooLarge):  # depends on the runs there are: deleting one can make room
-            raise APIError(409, str(e), param="lora.rank", code="insufficient_memory") from None
-        if isinstance(e, ValueError):  # settings this model cannot take (target modules it does not have)
-            raise APIError(400, str(e), param="lora", code="invalid_value") from None
-        raise
-    if claimed and not created and not who.admin:  # a run with no recorded owner is the admin's
-        state.runs.owners.release(spec.name)
-        raise _name_taken(spec.name)
+        run, created = await asyncio.to_thread(state.runs.create, spec, who, state.settings.max_runs_per_key)
+    except NameTaken:
+        raise _name_taken(spec.name) from None
+    except RunLimit as e:
+        raise APIError(403, str(e), param="name", code="run_limit_reached") from None
+    except OtherModel as e:
+        raise other_model(str(e)) from None
+    except RunConflict as e:
+        raise APIError(409, str(e), param=e.param, code=e.code) from None
+    except bounds.TooLarge as e:  # depends on the runs there are: deleting one can make room
+        raise APIError(409, str(e), param="lora.rank", code="insufficient_memory") from None
+    except ValueError as e:  # settings this model cannot take (target modules it does not have)
+        raise APIError(400, str(e), param="lora", code="invalid_value") from None
     return {**run.info(), "created": created, "base_model": state.host.name}
 
 
@@ -105,14 +95,8 @@ async def delete_run(run: RunDep, state: State) -> dict[str, Any]:
     """Delete a run: its jobs cancelled, its served names withdrawn, its adapters unloaded, its
     checkpoints and stored trajectories, steps and jobs removed. A run of that name can then be
     created afresh."""
-    state.runs.forget(run)  # from here no request or submission finds it, and its name is taken
-    try:
-        await asyncio.to_thread(state.jobs.cancel_run, run.name)
-        await asyncio.to_thread(state.runs.remove, run)
-        await asyncio.to_thread(state.store.runs.delete, run.name)
-        state.runs.owners.release(run.name)  # its name, and a place in its key's count of runs
-    finally:
-        state.runs.deleted(run.name)
+    state.runs.forget(run)  # at once: from here no request or submission finds it, and its name is taken
+    await asyncio.to_thread(state.runs.delete, run, state.jobs.cancel_run)
     return {"deleted": run.name, "step": run.step}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from protocol.config import RunSpec
 from protocol.names import run_of
@@ -13,7 +13,7 @@ from server.engine.base import Engine
 from server.model.host import ModelHost
 from server.runs import pins
 from server.runs.leases import Leases
-from server.runs.ownership import Caller, Owners
+from server.runs.ownership import Caller, NameTaken, Owners
 from server.runs.registry import RunRegistry
 from server.runs.run import Run
 from server.runs.saved_steps import SavedSteps
@@ -59,19 +59,40 @@ class Runs:
     def resume_all(self) -> None:
         self.registry.resume_all()
 
-    def get_or_create(self, spec: RunSpec) -> tuple[Run, bool]:
-        return self.registry.get_or_create(spec)
+    def create(self, spec: RunSpec, who: Caller, max_runs: int) -> tuple[Run, bool]:
+        """The run `spec` names, made for `who` unless it exists; True when this call made it.
+        The name is claimed first, so two keys creating it at once cannot both get it, and given
+        back when no run is made. NameTaken: another key's run (to a tenant, an existing run with
+        no recorded owner is the admin's); RunLimit: `who` has `max_runs` runs; or the registry's
+        reason (OtherModel, RunConflict, bounds.TooLarge, ValueError for LoRA settings this model
+        cannot take)."""
+        claimed = self.owners.claim(spec.name, who.owner, who.admin, max_runs, spec.project)
+        try:
+            run, created = self.registry.get_or_create(spec)
+        except BaseException:
+            if claimed:
+                self.owners.release(spec.name)
+            raise
+        if claimed and not created and not who.admin:
+            self.owners.release(spec.name)
+            raise NameTaken(spec.name)
+        return run, created
 
     def forget(self, run: Run) -> None:
-        """Deleting a run, first half: nothing finds it, its name stays taken until `deleted`."""
+        """Deleting a run, first half: nothing finds it, its name stays taken until `delete` ends."""
         self.registry.forget(run)
         self.leases.drop(run.name)
 
-    def remove(self, run: Run, grace: float = 60.0) -> None:
-        self.registry.remove(run, grace)
-
-    def deleted(self, name: str) -> None:
-        self.registry.deleted(name)
+    def delete(self, run: Run, cancel_jobs: Callable[[str], None]) -> None:
+        """Deleting a run, second half, once `forget` has hidden it: its jobs cancelled
+        (`cancel_jobs`: the job worker's, a floor above the runs), its adapters unloaded and its
+        files deleted, everything stored of it erased, and its name free again."""
+        try:
+            cancel_jobs(run.name)
+            self.registry.remove(run)
+            self.owners.erase(run.name)
+        finally:
+            self.registry.deleted(run.name)
 
     def problem_lines(self) -> list[str]:
         return self.registry.problem_lines()

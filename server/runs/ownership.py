@@ -71,8 +71,15 @@ class Owners:
             return True
 
     def release(self, name: str) -> None:
-        """Forget a run's owner: its creation failed, or it was deleted."""
+        """Forget a run's owner: its creation failed."""
         with self._lock:
             if name in self._owners:
                 del self._owners[name]
                 self._store.runs.forget(name)
+
+    def erase(self, name: str) -> None:
+        """A deleted run: everything the store holds of it (its row, steps, trajectories and jobs)
+        and its owner, so its name and its place in its key's count of runs are free."""
+        with self._lock:
+            self._store.runs.delete(name)
+            self._owners.pop(name, None)

@@ -32,9 +32,7 @@ def state(tmp_path):
 
 
 def run_with_steps(state, name: str, steps: int, owner: str | None = None):
-    spec = RunSpec(name=name)
-    state.runs.owners.claim(name, owner, owner is None, 10, spec.project)
-    run, _ = state.runs.get_or_create(spec)
+    run, _ = state.runs.create(RunSpec(name=name), Caller(owner, digest=""), max_runs=10)
     for step in range(1, steps + 1):
         state.runs.land(run, step, {"kind": "rl"})
     return run
