@@ -10,13 +10,14 @@ A step that trained is committed in these stages, each durable before the next b
     export      its groups are queued to the exporters (never waited on)
     retention   trajectories of steps past the retention window are pruned
 
-A crash between two stages is settled at start-up (JobManager._recover) by the checkpoints: a
+A crash between two stages is settled at start-up (`settle_after_crash`) by the checkpoints: a
 pending step whose checkpoint exists happened, one whose checkpoint does not did not. A step that
 trained nothing, failed or was stopped changes nothing but the store's record of its attempt.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ from server.runs.run import Run
 from server.store import Store, trajectory_rows
 from server.training.health import step_warnings
 from server.training.steps import ComputedStep
+
+log = logging.getLogger("artisan.jobs")
 
 
 @dataclass
@@ -103,3 +106,37 @@ def roll_back(to: CommitTargets, run: Run, attempt: Attempt, outcome: str, why: 
         warnings = [*step_warnings(metrics), why] if metrics is not None else [why]
         to.store.steps.put_attempt(run.name, attempt.step, attempt.kind, attempt.job_id, outcome,
                                    metrics.model_dump(mode="json") if metrics is not None else {}, warnings)
+
+
+def settle_after_crash(runs: Runs, store: Store) -> dict[str, TrainResult]:
+    """The store made to agree with the checkpoints, which are the truth after a crash: a pending
+    step whose checkpoint exists is confirmed, one whose checkpoint does not is deleted, and a
+    trained step the store lost (its WAL lost or damaged) is put back from its checkpoint's
+    figures. Returns each checkpointed step's result by the job that trained it."""
+    done_by_job: dict[str, TrainResult] = {}
+    lost: list[str] = []
+    for run in runs.all():
+        written = checkpoints.steps(run.checkpoint_dir)
+        store.steps.settle_pending(run.name, set(written))
+        stored = {s["step"] for s in store.steps.of(run.name)}
+        for step in written:
+            try:
+                meta = checkpoints.read_meta(run.checkpoint_dir, step)
+            except checkpoints.CheckpointDamaged as exc:  # an older step: the run goes on without it
+                log.error("run %s: %s", run.name, exc)
+                continue
+            if meta.get("kind") not in ("rl", "sft"):
+                continue
+            if step not in stored:
+                lost.append(f"{run.name} step {step}")
+                store.steps.put(run.name, step, meta["kind"], meta.get("metrics", {}), meta.get("warnings", []), [],
+                                job_id=meta.get("job_id"))
+            if meta.get("job_id"):
+                done_by_job[meta["job_id"]] = TrainResult(
+                    step=step, trained=True, metrics=StepMetrics.model_validate(meta.get("metrics", {})),
+                    warnings=meta.get("warnings", []), job_id=meta["job_id"])
+    if lost:
+        store.report(f"the run store at {store.path} had lost {len(lost)} trained step(s) that the checkpoints hold "
+                     f"({', '.join(lost[:5])}{', ...' if len(lost) > 5 else ''}): their figures were restored from "
+                     f"the checkpoints; their trajectories are gone")
+    return done_by_job

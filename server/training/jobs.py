@@ -7,7 +7,7 @@ submission (server/training/bounds.py) and the time limit keep finite.
 Idempotency: a submission carries a key; the same key with the same body returns the same job
 and trains once, the same key with another body is refused. Events are stored, so a client whose
 connection dropped resumes from the last event it saw. A job's step is computed by steps.py and
-committed (or rolled back) by commit.py; after a crash, `_recover` settles the store against the
+committed (or rolled back) by commit.py, which after a crash settles the store against the
 checkpoints, which decide whether a step happened. Jobs can be cancelled, and run at most
 `time_limit` seconds.
 """
@@ -26,13 +26,12 @@ from protocol.jobs import TERMINAL_EVENTS, RLJob, SFTJob, TrainResult
 from protocol.metrics import StepMetrics
 from server.export_queue import ExportQueue
 from server.faults import crash_point
-from server.runs import checkpoints
 from server.runs.facade import NotServed, OtherBaseModel, Runs
 from server.runs.run import Run
 from server.store import Store, storage_failure
 from server.training import distill, steps
 from server.training.assemble import Cancelled, Interrupted
-from server.training.commit import Attempt, CommitTargets, commit_step, next_attempt, roll_back
+from server.training.commit import Attempt, CommitTargets, commit_step, next_attempt, roll_back, settle_after_crash
 from server.training.digests import body_hash
 from server.training.optimize import optimize
 
@@ -115,42 +114,17 @@ class JobManager:
 
     # ---- recovery ------------------------------------------------------------------------------
     def _recover(self) -> None:
-        """Reconcile the store with the checkpoints, which are the truth after a crash: a pending
-        step whose checkpoint exists is confirmed, one whose checkpoint does not is deleted, a job
-        whose step reached its checkpoint is completed, every other unfinished job is interrupted."""
-        done_by_job: dict[str, dict[str, Any]] = {}
-        lost: list[str] = []  # steps the checkpoints hold and the store does not: its WAL was lost or damaged
-        for run in self.runs.all():
-            written = checkpoints.steps(run.checkpoint_dir)
-            self.store.steps.settle_pending(run.name, set(written))
-            stored = {s["step"] for s in self.store.steps.of(run.name)}
-            for step in written:
-                try:
-                    meta = checkpoints.read_meta(run.checkpoint_dir, step)
-                except checkpoints.CheckpointDamaged as exc:  # an older step: the run goes on without it
-                    log.error("run %s: %s", run.name, exc)
-                    continue
-                if meta.get("kind") not in ("rl", "sft"):
-                    continue
-                if step not in stored:
-                    lost.append(f"{run.name} step {step}")
-                    self.store.steps.put(run.name, step, meta["kind"], meta.get("metrics", {}),
-                                         meta.get("warnings", []), [], job_id=meta.get("job_id"))
-                if meta.get("job_id"):
-                    done_by_job[meta["job_id"]] = TrainResult(
-                        step=step, trained=True, metrics=StepMetrics.model_validate(meta.get("metrics", {})),
-                        warnings=meta.get("warnings", []), job_id=meta["job_id"]).model_dump(mode="json")
-        if lost:
-            self.store.report(f"the run store at {self.store.path} had lost {len(lost)} trained step(s) that the "
-                              f"checkpoints hold ({', '.join(lost[:5])}{', ...' if len(lost) > 5 else ''}): their "
-                              f"figures were restored from the checkpoints; their trajectories are gone")
+        """After a crash: the store settled against the checkpoints (commit.py's `settle_after_crash`),
+        then a job whose step reached its checkpoint is completed and every other unfinished job is
+        interrupted."""
+        done_by_job = settle_after_crash(self.runs, self.store)
         for status in ACTIVE:
             for rec in self.store.jobs.all(status):
                 job = self._from_record(rec)
                 done = done_by_job.get(job.id)
                 if done is not None:
-                    job.status, job.result = "succeeded", done
-                    self._event(job, "result", done)
+                    job.status, job.result = "succeeded", done.model_dump(mode="json")
+                    self._event(job, "result", job.result)
                 else:
                     job.status, job.error = "interrupted", "the server restarted before this job finished; resubmit it"
                     self._event(job, "interrupted", {"message": job.error})
