@@ -32,7 +32,7 @@ from server.store import Store, trajectory_rows
 from server.training.health import step_warnings
 from server.training.steps import ComputedStep
 
-log = logging.getLogger("artisan.jobs")
+log = logging.getLogger("artisan.jobs")  # settle_after_crash runs at the job worker's start, in its log
 
 
 @dataclass

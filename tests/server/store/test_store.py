@@ -11,6 +11,17 @@ from server.store import MIGRATIONS, Store
 pytestmark = pytest.mark.unit
 
 
+def _old_store(path, version: int) -> sqlite3.Connection:
+    """A store as a server that knew only the first `version` migrations left it (autocommit)."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("CREATE TABLE schema_version (version INTEGER)")
+    db.execute("INSERT INTO schema_version VALUES (?)", (version,))
+    for sql in MIGRATIONS[:version]:
+        for statement in (s for s in sql.split(";") if s.strip()):
+            db.execute(statement)
+    return db
+
+
 def _traj(reward: float) -> dict:
     return {"messages_and_choices": [{"role": "user", "content": "hi"}], "reward": reward, "metrics": {"x": math.nan}}
 
@@ -28,12 +39,7 @@ def test_schema_is_migrated_once_and_survives_reopening(tmp_path):
 
 def test_a_run_recorded_before_migration_9_keeps_its_owner_and_project_not_its_spec(tmp_path):
     path = tmp_path / "s.sqlite"
-    db = sqlite3.connect(path, isolation_level=None)
-    for sql in MIGRATIONS[:8]:  # a data dir written before run.json became the one record of a run
-        for statement in (s for s in sql.split(";") if s.strip()):
-            db.execute(statement)
-    db.execute("CREATE TABLE schema_version (version INTEGER)")
-    db.execute("INSERT INTO schema_version VALUES (8)")
+    db = _old_store(path, 8)  # a data dir written before run.json became the one record of a run
     db.execute("INSERT INTO runs (name, project, spec, created, owner, base_model, base_fingerprint) "
                "VALUES ('r', 'p', '{}', 1.0, 'alice', 'artisan-tiny', 'abc')")
     db.close()
@@ -99,12 +105,7 @@ def test_a_pending_step_settles_its_attempt_with_it(tmp_path):
 
 def test_a_store_from_before_attempts_lists_its_steps_as_trained_attempts(tmp_path):
     path = tmp_path / "s.sqlite"
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("CREATE TABLE schema_version (version INTEGER)")
-    db.execute("INSERT INTO schema_version VALUES (2)")
-    for sql in MIGRATIONS[:2]:
-        for statement in (s for s in sql.split(";") if s.strip()):
-            db.execute(statement)
+    db = _old_store(path, 2)
     for step in (1, 2):
         db.execute("INSERT INTO steps (run, step, kind, metrics, warnings, created, pending) VALUES (?, ?, ?, ?, ?, ?, 0)",
                    ("old", step, "rl", json.dumps({"reward_mean": step / 4}), json.dumps([]), float(step)))
