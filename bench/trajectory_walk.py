@@ -65,7 +65,8 @@ HOW = ("sys/threading.setprofile on all threads from the first rollout() to run@
        "run-related functions leaving (return or raise, not yield), functions the distinct functions of ours run; "
        "read: the same trace as a reader follows it (read_walk): each function once (its nested comprehensions, "
        "lambdas and closures with it), doors the run-related "
-       "functions first started from outside the set, moves and returns between modules on each thread's path; "
+       "functions first started from outside the set, moves and returns between modules on each thread's path, "
+       "and the returns left on that path were each package one module, or each top-level package; "
        "baseline: the same walk at --baseline's commit (a git worktree, walked in a process of its own), only its "
        "figures that do not depend on module names")
 
@@ -101,7 +102,7 @@ def count_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED) ->
             "entered_from": {m: dict(sources[m].most_common()) for m, _ in entries.most_common()}}
 
 
-def read_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED) -> dict:
+def read_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED, root: Path = ROOT) -> dict:
     """The walk as a reader follows it, the way the issue counted by reading the code: each function
     of ours read once, at the first time the run starts it. Its doors: the run-related functions
     first started from outside the set (the places outside that must know how a run works; a
@@ -119,8 +120,25 @@ def read_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED) -> 
             paths[e.thread].append(e.module)
             if run_related(e.module, related) and not run_related(e.caller, related):
                 doors[e.module] += 1
+    moves, returns, run_returns = walk_moves(paths.values(), related)
+    # Per function read: a walk that runs more code has more to return to, however the code is laid out.
+    # The same path with every package read as one module, then every top-level package: the returns
+    # no layout of modules inside the packages (or of the packages) could take away.
+    by_package = [[package_of(m, root) for m in path] for path in paths.values()]
+    by_top = [[m.partition(".")[0] for m in path] for path in paths.values()]
+    return {"doors": dict(doors.most_common()), "max_doors": max(doors.values(), default=0),
+            "moves": moves, "returns": returns, "run_returns": run_returns,
+            "modules": len({m for path in paths.values() for m in path}), "functions": len(seen),
+            "returns_per_function": round(returns / max(len(seen), 1), 3),
+            "returns_one_module_per_package": walk_moves(by_package, related)[1],
+            "returns_one_module_per_top_package": walk_moves(by_top, related)[1]}
+
+
+def walk_moves(paths: Iterable[list[str]], related: Iterable[str] = RUN_RELATED) -> tuple[int, int, int]:
+    """(moves, returns, run-related returns) along each path: a move is a step into another
+    module, a return a move into a module that path has already left."""
     moves = returns = run_returns = 0
-    for path in paths.values():
+    for path in paths:
         left: set[str] = set()
         for here, there in zip(path, path[1:]):
             if here == there:
@@ -130,11 +148,14 @@ def read_walk(events: Iterable[Event], related: Iterable[str] = RUN_RELATED) -> 
             if there in left:
                 returns += 1
                 run_returns += run_related(there, related)
-    # Per function read: a walk that runs more code has more to return to, however the code is laid out.
-    return {"doors": dict(doors.most_common()), "max_doors": max(doors.values(), default=0),
-            "moves": moves, "returns": returns, "run_returns": run_returns,
-            "modules": len({m for path in paths.values() for m in path}), "functions": len(seen),
-            "returns_per_function": round(returns / max(len(seen), 1), 3)}
+    return moves, returns, run_returns
+
+
+@functools.cache
+def package_of(module: str, root: Path = ROOT) -> str:
+    """The package a module of the walked repository belongs to: a package's own __init__ belongs to itself."""
+    parts = module.split(".")
+    return module if root.joinpath(*parts).is_dir() or len(parts) == 1 else ".".join(parts[:-1])
 
 
 def outermost(function: str) -> str:
@@ -280,7 +301,7 @@ def measure(root: Path = ROOT) -> dict:
         app = create_app(Settings(data_dir=Path(work) / "data", device="cpu"))
         with serving(app) as url:
             walked = asyncio.run(walk(url, tracer))
-    return {**count_walk(tracer.events), "read": read_walk(tracer.events), **walked,
+    return {**count_walk(tracer.events), "read": read_walk(tracer.events, root=root), **walked,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -326,7 +347,8 @@ def main(argv: list[str] | None = None) -> None:
         # Only what does not depend on module names: an older commit kept a run's state in other modules.
         base = measure_at(baseline)
         line["baseline"] = {"rev": base["rev"], **{k: base["read"].get(k) for k in (
-            "moves", "returns", "modules", "functions", "returns_per_function")}}
+            "moves", "returns", "modules", "functions", "returns_per_function", "returns_one_module_per_package",
+            "returns_one_module_per_top_package")}}
         line["returns_vs_baseline"] = round(line["read"]["returns"] / max(base["read"]["returns"], 1), 2)
     print(json.dumps({**line, "how": HOW}))
 

@@ -84,6 +84,21 @@ def test_a_reader_reads_each_function_once_and_counts_doors_moves_and_returns_pe
     assert (read["functions"], read["returns_per_function"]) == (8, 0.25)
 
 
+def test_the_same_path_read_by_package_and_by_top_package_keeps_only_the_returns_between_them():
+    # Back into steps after advantages is a return between modules of one package; back into the
+    # runs after the trainer is one between packages too; back into server after protocol is one
+    # between top-level packages. The facade after run is a new module of a package already left.
+    functions = ["server.runs.run:a", "server.training.steps:b", "server.training.advantages:c",
+                 "server.training.steps:d", "server.runs.run:e", "protocol.names:f", "server.runs.facade:g",
+                 "server.runs.run:h"]
+    read = bench.read_walk([call(f, None) for f in functions])
+    assert read["returns"] == 3
+    assert read["returns_one_module_per_package"] == 2
+    assert read["returns_one_module_per_top_package"] == 1
+    assert bench.package_of("server.runs.facade") == bench.package_of("server.runs") == "server.runs"
+    assert bench.package_of("server.faults") == "server"
+
+
 def test_a_functions_comprehensions_and_closures_are_read_with_it_not_as_returns():
     # f calls a helper elsewhere, then its own list comprehension and a closure run: the reader read
     # both with f. A new function of f's module after the helper is a return, as before.

@@ -25,7 +25,9 @@ def test_the_walk_at_a_baseline_commit_is_counted_from_that_commits_own_files():
     # A walk of the worktree with another tree's packages imported would find no function of the
     # worktree's own files: none of these could be counted.
     assert base["functions"] > 100 and base["modules"] > 20 and base["moves"] > base["returns"] > 0
-    assert set(base) == {"rev", "functions", "moves", "returns", "modules", "returns_per_function"}  # no names
+    assert set(base) == {"rev", "functions", "moves", "returns", "modules", "returns_per_function",  # no names
+                         "returns_one_module_per_package", "returns_one_module_per_top_package"}
+    assert base["returns"] >= base["returns_one_module_per_package"] >= base["returns_one_module_per_top_package"]
     assert line["returns_vs_baseline"] == round(line["read"]["returns"] / base["returns"], 2)
     assert line["step"] == 1 and line["read"]["max_doors"] >= 1
     assert git("worktree", "list") == worktrees
