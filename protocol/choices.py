@@ -88,4 +88,4 @@ def check_choice_numbers(choice: Choice, where: str) -> None:
         choice_sampling(choice)  # validates the record when present
     except ValidationError as e:  # one line naming the field, not pydantic's report
         field, why = first_problem(e)
-        raise ValueError(f"{where}: {'.'.join(filter(None, ('sampling', field)))}: {why}") from None
+        raise ValueError(f"{where}: {f'sampling.{field}' if field else 'sampling'}: {why}") from None
